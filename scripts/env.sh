@@ -1,0 +1,16 @@
+# Sourced by the scripts: common paths and the build directory.
+E8KV_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
+  export PATH="/usr/local/cuda/bin:$PATH"
+fi
+E8KV_JOBS="${E8KV_JOBS:-$(nproc 2>/dev/null || echo 2)}"
+# CUDA on when nvcc exists (kernels must compile everywhere CI runs); E8KV_CUDA=OFF to skip.
+if [ -z "${E8KV_CUDA:-}" ]; then
+  if command -v nvcc >/dev/null 2>&1; then E8KV_CUDA=ON; else E8KV_CUDA=OFF; fi
+fi
+E8KV_BUILD="${E8KV_BUILD:-$E8KV_ROOT/build/main}"
+configure_and_build() {
+  cmake -S "$E8KV_ROOT" -B "$E8KV_BUILD" -DCMAKE_BUILD_TYPE=Release -DE8KV_CUDA="$E8KV_CUDA" \
+        -DCMAKE_CUDA_ARCHITECTURES="${CMAKE_CUDA_ARCHITECTURES:-80;90}" "$@" >/dev/null
+  cmake --build "$E8KV_BUILD" -j "$E8KV_JOBS" "${E8KV_TARGETS[@]/#/--target=}"
+}

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Builds e8kv (CUDA kernels too when nvcc exists) and runs the whole test suite.
+# GPU tests report "Not Run" (skipped) on machines without a usable device.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+bash "$E8KV_ROOT/scripts/setup.sh"
+E8KV_TARGETS=()
+configure_and_build
+cd "$E8KV_BUILD"
+ctest --output-on-failure -j "$E8KV_JOBS" "$@"
