@@ -41,7 +41,7 @@ E8KV_HD E8KV_FORCE_INLINE void nearest_d8_int(const T x[8], int64_t r[8]) {
   T best_abs = T(-1);
   int best = 0;
   T best_delta = T(0);
-#if defined(__CUDACC__)
+#if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
   for (int i = 0; i < 8; ++i) {

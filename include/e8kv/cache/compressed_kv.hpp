@@ -1,0 +1,168 @@
+// The compressed KV cache of one sequence: what attention reads.
+//
+// Per layer and KV head: the kept tokens' packed key codes and fp16 gains, packed value codes
+// and gains, and an fp16 residual window of recent tokens (post-RoPE keys, as given) that
+// append() flushes into codes in whole blocks. Positions are kept per layer (one set shared by
+// the KV heads) or per KV head. Keys are coded with RoPE removed by default; attention
+// re-applies it at each token's stored position.
+//
+// bytes() counts everything a decoder needs: codes, gains, positions, the residual window and a
+// descriptor (shape, codec ids, seeds, RoPE parameters). Derived data (rotation sign masks,
+// cos/sin tables) is rebuilt from the descriptor and not counted.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "e8kv/quant/codec.hpp"
+#include "e8kv/quant/vector_quantizer.hpp"
+#include "e8kv/transform/hadamard.hpp"
+#include "e8kv/transform/rope.hpp"
+
+namespace e8kv {
+
+/// Everything a decoder needs to interpret the codes of a cache (its descriptor).
+struct CacheLayout {
+  int n_layers = 0;
+  int n_kv_heads = 0;
+  int n_q_heads = 0;
+  int head_dim = 0;
+  std::vector<quant::Codec> key_codec;    ///< per layer
+  std::vector<quant::Codec> value_codec;  ///< per layer
+  quant::GainPolicy key_gain = quant::GainPolicy::kNormPreserving;
+  quant::GainPolicy value_gain = quant::GainPolicy::kNormPreserving;
+  float key_scale = 1.f;
+  float value_scale = 1.f;
+  bool keys_pre_rope = true;
+  transform::RopeParams rope{};
+  uint64_t rotation_seed = 0;
+  bool per_head_positions = false;
+  int residual_length = 0;
+  int flush_block = 16;
+  float softmax_scale = 0.f;  ///< <= 0: 1/sqrt(head_dim)
+
+  /// Bytes of the serialized descriptor counted by bytes(): a fixed part plus one entry per layer.
+  static constexpr size_t kFixedDescriptorBytes = 96;
+  static constexpr size_t kLayerDescriptorBytes = 4;
+  size_t descriptor_bytes() const { return kFixedDescriptorBytes + kLayerDescriptorBytes * static_cast<size_t>(n_layers); }
+  float effective_softmax_scale() const;
+};
+
+/// Immutable codecs derived from a layout: quantizers, per (layer, head) rotations, RoPE.
+/// Shared by a compressor and the caches it made; all methods are const and thread-safe.
+class CacheCodecs {
+ public:
+  explicit CacheCodecs(CacheLayout layout);
+  const CacheLayout& layout() const { return layout_; }
+  const quant::VectorQuantizer& key_quantizer(int layer) const { return key_q_[static_cast<size_t>(layer)]; }
+  const quant::VectorQuantizer& value_quantizer(int layer) const { return value_q_[static_cast<size_t>(layer)]; }
+  /// Randomized Hadamard of (layer, head) for keys (kind 0) or values (kind 1).
+  const transform::RandomizedHadamard& rotation(int layer, int head, int kind) const;
+  const transform::Rope& rope() const { return *rope_; }
+
+  /// Encodes one post-RoPE key (fp32 copy in `scratch`) into codes + gain.
+  void encode_key(int layer, int head, const float* k, int32_t position, uint8_t* codes, uint16_t* gain) const;
+  void encode_value(int layer, int head, const float* v, uint8_t* codes, uint16_t* gain) const;
+  /// Decodes a key back to the engine's basis, post-RoPE at `position`.
+  void decode_key(int layer, int head, const uint8_t* codes, uint16_t gain, int32_t position, float* k) const;
+  void decode_value(int layer, int head, const uint8_t* codes, uint16_t gain, float* v) const;
+
+  /// cos/sin of position·inv_freq[i] for the rotary pairs (count rotary_dim/2), from three
+  /// small tables (position split into 11 + 10 + 10 bits) so no table grows with the context.
+  void rope_cos_sin(int32_t position, float* cos_out, float* sin_out) const;
+  /// Applies RoPE at `position` to x (head_dim floats) using rope_cos_sin (attention path).
+  void apply_rope_fast(float* x, int32_t position) const;
+
+ private:
+  CacheLayout layout_;
+  std::vector<quant::VectorQuantizer> key_q_, value_q_;
+  std::vector<transform::RandomizedHadamard> rotations_;  // [layer][head][kind]
+  std::unique_ptr<transform::Rope> rope_;
+  int n_pairs_ = 0;
+  std::vector<float> rope_tables_;  // [3 levels][entries][pairs][cos, sin]
+};
+
+/// A dense view of one layer: positions [first_position, first_position + tokens), with
+/// evicted (or never seen) positions masked by -inf, never represented by zeros alone.
+struct DenseLayer {
+  int32_t first_position = 0;
+  int64_t tokens = 0;
+  int64_t kv_heads = 0;
+  int64_t head_dim = 0;
+  std::vector<float> keys;    ///< [tokens, kv_heads, head_dim] post-RoPE
+  std::vector<float> values;  ///< [tokens, kv_heads, head_dim]
+  std::vector<float> mask;    ///< [kv_heads, tokens]: 0 = present, -inf = evicted
+};
+
+/// The kept tokens of one (layer, head), decoded: positions ascending.
+struct CompactHead {
+  std::vector<int32_t> positions;
+  std::vector<float> keys;    ///< [n, head_dim] post-RoPE
+  std::vector<float> values;  ///< [n, head_dim]
+};
+
+class CompressedKV {
+ public:
+  struct HeadData {
+    std::vector<uint8_t> key_codes, value_codes;       ///< coded tokens × code bytes
+    std::vector<uint16_t> key_gains, value_gains;      ///< coded tokens (empty for fp16 codecs)
+    std::vector<uint16_t> window_keys, window_values;  ///< window tokens × head_dim, fp16 bits
+  };
+  struct LayerData {
+    std::vector<std::vector<int32_t>> positions;         ///< coded tokens: 1 shared set or one per head
+    std::vector<std::vector<int32_t>> window_positions;  ///< residual window, same sets
+    std::vector<HeadData> heads;
+    int64_t original_tokens = 0;  ///< tokens ever given to this layer (before eviction)
+  };
+  struct ByteBreakdown {
+    size_t codes = 0, gains = 0, positions = 0, window = 0, descriptor = 0;
+    size_t total() const { return codes + gains + positions + window + descriptor; }
+  };
+
+  CompressedKV() = default;
+  explicit CompressedKV(std::shared_ptr<const CacheCodecs> codecs);
+
+  bool valid() const { return codecs_ != nullptr; }
+  const CacheLayout& layout() const;
+  const CacheCodecs& codecs() const { return *codecs_; }
+  std::shared_ptr<const CacheCodecs> shared_codecs() const { return codecs_; }
+  int n_layers() const { return static_cast<int>(layers_.size()); }
+  const LayerData& layer(int l) const;
+  LayerData& mutable_layer(int l);
+
+  /// Positions set used by head h (shared set 0 unless per-head positions).
+  const std::vector<int32_t>& positions(int layer, int head) const;
+  const std::vector<int32_t>& window_positions(int layer, int head) const;
+  int64_t coded_tokens(int layer, int head = 0) const { return static_cast<int64_t>(positions(layer, head).size()); }
+  int64_t window_tokens(int layer, int head = 0) const { return static_cast<int64_t>(window_positions(layer, head).size()); }
+  int64_t stored_tokens(int layer, int head = 0) const { return coded_tokens(layer, head) + window_tokens(layer, head); }
+  /// Tokens ever given (prefill + appended), taken as the largest over layers.
+  int64_t original_tokens() const;
+
+  ByteBreakdown byte_breakdown() const;
+  size_t bytes() const { return byte_breakdown().total(); }
+  /// bytes() per original token.
+  double bytes_per_token() const;
+  /// fp16 bytes of K and V for every original token, divided by bytes().
+  double compression_ratio() const;
+  /// Honest bits per stored K/V element: 8·bytes() / (original tokens · layers · heads · d · 2).
+  double bits_per_element() const;
+
+  /// CPU reference decode attention that reads the codes (see KVCompressor::attend).
+  void attend(int layer, const float* q, int32_t position, float* out) const;
+  CompactHead decompress_head(int layer, int head) const;
+  DenseLayer decompress_layer(int layer) const;
+
+  /// Moves the oldest window tokens of a layer into codes while the window holds at least
+  /// residual_length + flush_block tokens.
+  void flush(int layer);
+
+ private:
+  std::shared_ptr<const CacheCodecs> codecs_;
+  std::vector<LayerData> layers_;
+};
+
+}  // namespace e8kv

@@ -1,0 +1,125 @@
+// KVCompressor: the object an inference engine calls after prefill and on every decoded token.
+//
+//   e8kv::ModelShape shape{n_layers, n_kv_heads, n_q_heads, head_dim};
+//   e8kv::KVCompressor c(shape, e8kv::Config::preset("high"));
+//   e8kv::CompressedKV cache = c.compress(prefill_kv, &obs_queries);   // score, evict, quantize
+//   c.append(cache, layer, k, v, position);                             // each decoded token
+//   c.attend(cache, layer, q, position, out);                           // reads the codes
+//
+// Thread safety: a KVCompressor is immutable after construction; its const methods and the
+// const methods of CompressedKV (attend, decompress, bytes) may be called concurrently. Calls
+// that modify one CompressedKV (append, extend) must not overlap other calls on that cache.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "e8kv/cache/compressed_kv.hpp"
+#include "e8kv/cache/kv_view.hpp"
+#include "e8kv/quant/codec.hpp"
+#include "e8kv/quant/vector_quantizer.hpp"
+#include "e8kv/select/eviction.hpp"
+#include "e8kv/select/scorer.hpp"
+#include "e8kv/transform/rope.hpp"
+
+namespace e8kv {
+
+struct ModelShape {
+  int n_layers = 0;
+  int n_kv_heads = 0;
+  int n_q_heads = 0;   ///< a multiple of n_kv_heads (GQA); equal = MHA; n_kv_heads = 1 is MQA
+  int head_dim = 0;    ///< one of 64, 80, 96, 128, 256
+  void validate() const;
+};
+
+/// Per-layer override of the key and value codecs (the "rate profile").
+struct LayerRate {
+  quant::Codec key = quant::Codec::kRvq3;
+  quant::Codec value = quant::Codec::kE8P;
+};
+
+struct Config {
+  // Quantization.
+  quant::Codec key_codec = quant::Codec::kRvq3;
+  quant::Codec value_codec = quant::Codec::kE8P;
+  quant::GainPolicy key_gain = quant::GainPolicy::kNormPreserving;
+  quant::GainPolicy value_gain = quant::GainPolicy::kNormPreserving;
+  float key_scale = 1.0f;    ///< relative to the code's Gaussian-optimal scale (α = scale·kInputScale·√d)
+  float value_scale = 1.0f;
+  int protect_boundary = 0;  ///< the first and the last N layers stay fp16
+  std::vector<LayerRate> layer_rates;  ///< empty, or one entry per layer (overrides the two codecs)
+  uint64_t rotation_seed = 0x5EED'E8C0'DE00'0001ull;  ///< per (layer, head) signs derive from it
+
+  // Keys: RoPE removed before quantization (re-applied at attention) unless false.
+  bool keys_pre_rope = true;
+  transform::RopeParams rope{};
+
+  // Eviction.
+  double eviction_rate = 0.0;
+  int sinks = 4;
+  int recent_window = 32;
+  select::ScorerKind scorer = select::ScorerKind::kObservationWindow;
+  int obs_window = 32;
+  int pool_kernel = 7;
+  select::Aggregation gqa_aggregation = select::Aggregation::kMean;
+  select::Aggregation head_aggregation = select::Aggregation::kMean;
+  bool per_head_selection = false;
+  uint64_t scorer_seed = 0;
+
+  // Residual fp16 window for appended tokens, flushed into codes in whole blocks.
+  int residual_length = 0;  ///< tokens always left in fp16 after a flush
+  int flush_block = 16;     ///< tokens coded per flush (a page of the GPU cache)
+
+  float softmax_scale = 0.f;  ///< scale of q·k; <= 0 means 1/sqrt(head_dim)
+
+  /// Named presets: lossless, quant-k4v2, quant-k3v2, quant-k2v2, high, asym, balanced, max.
+  static Config preset(const std::string& name);
+  static const char* preset_names();
+  /// "preset=high,key=rvq3,value=e8p2,evict=0.6,sinks=4,recent=32,scorer=obs-window,window=32,
+  ///  pool=7,protect=2,rope=pre|post,key_gain=norm,value_gain=ls,key_scale=1,value_scale=1,
+  ///  residual=0,flush=16,per_head=0,seed=..." — the preset (wherever it appears) is applied first,
+  /// so an explicit field always wins over the preset.
+  static Config parse(const std::string& spec);
+  /// Throws e8kv::Error naming the field and the accepted values.
+  void validate(const ModelShape& shape) const;
+  /// Key and value codecs of a layer after boundary protection and the rate profile.
+  LayerRate layer_rate(int layer, int n_layers) const;
+  std::string describe() const;
+};
+
+class KVCompressor {
+ public:
+  KVCompressor(const ModelShape& shape, const Config& config);
+
+  const ModelShape& shape() const { return shape_; }
+  const Config& config() const { return config_; }
+
+  /// Compresses a prefill: scores (attention scorers need `queries`, one LayerQueries per layer),
+  /// evicts, removes RoPE, rotates, quantizes. Inputs are rounded to fp16 first (the cache's
+  /// working precision), so compressing at once equals compressing a prefix and appending.
+  CompressedKV compress(const SequenceKV& prefill, const std::vector<LayerQueries>* queries = nullptr) const;
+  /// Ragged batch: one CompressedKV per sequence (queries[b] per sequence, or nullptr).
+  std::vector<CompressedKV> compress_batch(const std::vector<SequenceKV>& batch,
+                                           const std::vector<std::vector<LayerQueries>>* queries = nullptr) const;
+  /// Multi-turn: compresses a later prefill chunk into an existing cache. Tokens already in the
+  /// cache are never re-quantized; eviction applies to the new chunk only.
+  void extend(CompressedKV& cache, const SequenceKV& chunk, const std::vector<LayerQueries>* queries = nullptr) const;
+
+  /// Appends one token of one layer: k and v are [n_kv_heads * head_dim] post-RoPE.
+  void append(CompressedKV& cache, int layer, const float* k, const float* v, int32_t position) const;
+
+  /// Decode attention for one new token: q is [n_q_heads * head_dim] post-RoPE; out receives
+  /// softmax(scale·q·Kᵀ)·V over every token of `layer` in the cache, [n_q_heads * head_dim].
+  void attend(const CompressedKV& cache, int layer, const float* q, int32_t position, float* out) const {
+    cache.attend(layer, q, position, out);
+  }
+
+ private:
+  ModelShape shape_;
+  Config config_;
+  std::shared_ptr<const CacheCodecs> codecs_;
+};
+
+}  // namespace e8kv

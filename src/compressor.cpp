@@ -1,0 +1,340 @@
+// KVCompressor glue: configuration, presets, compress / extend / append.
+#include "e8kv/compressor.hpp"
+
+#include <cmath>
+#include <map>
+#include <sstream>
+#include <string>
+
+#include "e8kv/error.hpp"
+#include "e8kv/numeric/half.hpp"
+
+namespace e8kv {
+
+void ModelShape::validate() const {
+  require(n_layers >= 1, "ModelShape.n_layers must be >= 1, got " + std::to_string(n_layers));
+  require(n_kv_heads >= 1, "ModelShape.n_kv_heads must be >= 1, got " + std::to_string(n_kv_heads));
+  require(n_q_heads >= n_kv_heads && n_q_heads % n_kv_heads == 0,
+          "ModelShape.n_q_heads (" + std::to_string(n_q_heads) + ") must be a positive multiple of n_kv_heads (" +
+              std::to_string(n_kv_heads) + ")");
+  require(is_supported_head_dim(head_dim), "ModelShape.head_dim " + std::to_string(head_dim) +
+                                               " is not supported; accepted: " + supported_head_dims());
+}
+
+// ---- presets and parsing -------------------------------------------------------------------
+
+const char* Config::preset_names() {
+  return "lossless, quant-k4v2, quant-k3v2, quant-k2v2, high, asym, balanced, max";
+}
+
+Config Config::preset(const std::string& name) {
+  using quant::Codec;
+  Config c;
+  auto kv = [&](Codec k, Codec v, double evict) {
+    c.key_codec = k;
+    c.value_codec = v;
+    c.eviction_rate = evict;
+  };
+  if (name == "lossless") kv(Codec::kFp16, Codec::kFp16, 0.0);
+  else if (name == "quant-k4v2") kv(Codec::kRvq4, Codec::kE8P, 0.0);
+  else if (name == "quant-k3v2") kv(Codec::kRvq3, Codec::kE8P, 0.0);
+  else if (name == "quant-k2v2") kv(Codec::kE8P, Codec::kE8P, 0.0);
+  else if (name == "high") kv(Codec::kRvq3, Codec::kE8P, 0.35);
+  else if (name == "asym") kv(Codec::kRvq3, Codec::kE8P, 0.60);
+  else if (name == "balanced") kv(Codec::kE8P, Codec::kE8P, 0.60);
+  else if (name == "max") kv(Codec::kE8P, Codec::kE8P, 0.80);
+  else throw Error("preset '" + name + "' is unknown; accepted: " + preset_names());
+  return c;
+}
+
+namespace {
+
+std::map<std::string, std::string> split_spec(const std::string& spec) {
+  std::map<std::string, std::string> out;
+  std::stringstream ss(spec);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (item.empty()) continue;
+    const auto eq = item.find('=');
+    require(eq != std::string::npos && eq > 0, "config spec item '" + item + "' must be key=value");
+    const std::string key = item.substr(0, eq);
+    require(out.count(key) == 0, "config spec sets '" + key + "' twice");
+    out[key] = item.substr(eq + 1);
+  }
+  return out;
+}
+
+double to_double(const std::string& key, const std::string& v) {
+  try {
+    size_t used = 0;
+    const double x = std::stod(v, &used);
+    if (used == v.size() && std::isfinite(x)) return x;
+  } catch (const std::exception&) {
+  }
+  throw Error("config field '" + key + "': '" + v + "' is not a number");
+}
+
+int to_int(const std::string& key, const std::string& v) {
+  const double x = to_double(key, v);
+  require(x == std::floor(x) && std::fabs(x) < 1e9, "config field '" + key + "': '" + v + "' is not an integer");
+  return static_cast<int>(x);
+}
+
+bool to_bool(const std::string& key, const std::string& v) {
+  if (v == "1" || v == "true" || v == "yes") return true;
+  if (v == "0" || v == "false" || v == "no") return false;
+  throw Error("config field '" + key + "': '" + v + "' is not a boolean (accepted: 0, 1, true, false)");
+}
+
+}  // namespace
+
+Config Config::parse(const std::string& spec) {
+  auto fields = split_spec(spec);
+  Config c;
+  if (auto it = fields.find("preset"); it != fields.end()) {
+    c = preset(it->second);
+    fields.erase(it);
+  }
+  for (const auto& [key, v] : fields) {
+    if (key == "key") c.key_codec = quant::codec_from_string(v);
+    else if (key == "value") c.value_codec = quant::codec_from_string(v);
+    else if (key == "evict") c.eviction_rate = to_double(key, v);
+    else if (key == "sinks") c.sinks = to_int(key, v);
+    else if (key == "recent") c.recent_window = to_int(key, v);
+    else if (key == "scorer") c.scorer = select::scorer_from_string(v);
+    else if (key == "window") c.obs_window = to_int(key, v);
+    else if (key == "pool") c.pool_kernel = to_int(key, v);
+    else if (key == "protect") c.protect_boundary = to_int(key, v);
+    else if (key == "rope") {
+      require(v == "pre" || v == "post", "config field 'rope': '" + v + "' (accepted: pre, post)");
+      c.keys_pre_rope = v == "pre";
+    } else if (key == "key_gain") c.key_gain = quant::gain_policy_from_string(v);
+    else if (key == "value_gain") c.value_gain = quant::gain_policy_from_string(v);
+    else if (key == "key_scale") c.key_scale = static_cast<float>(to_double(key, v));
+    else if (key == "value_scale") c.value_scale = static_cast<float>(to_double(key, v));
+    else if (key == "residual") c.residual_length = to_int(key, v);
+    else if (key == "flush") c.flush_block = to_int(key, v);
+    else if (key == "per_head") c.per_head_selection = to_bool(key, v);
+    else if (key == "gqa") c.gqa_aggregation = v == "max" ? select::Aggregation::kMax : (v == "mean" ? select::Aggregation::kMean : throw Error("config field 'gqa': '" + v + "' (accepted: mean, max)"));
+    else if (key == "seed") c.rotation_seed = static_cast<uint64_t>(std::stoull(v));
+    else
+      throw Error("config field '" + key +
+                  "' is unknown; accepted: preset, key, value, evict, sinks, recent, scorer, window, pool, protect, "
+                  "rope, key_gain, value_gain, key_scale, value_scale, residual, flush, per_head, gqa, seed");
+  }
+  return c;
+}
+
+void Config::validate(const ModelShape& shape) const {
+  shape.validate();
+  require(eviction_rate >= 0.0 && eviction_rate < 1.0,
+          "Config.eviction_rate must be in [0, 1), got " + std::to_string(eviction_rate));
+  require(sinks >= 0, "Config.sinks must be >= 0");
+  require(recent_window >= 0, "Config.recent_window must be >= 0");
+  require(obs_window >= 1, "Config.obs_window must be >= 1");
+  require(pool_kernel >= 1 && pool_kernel % 2 == 1, "Config.pool_kernel must be odd and >= 1");
+  require(protect_boundary >= 0, "Config.protect_boundary must be >= 0");
+  require(residual_length >= 0, "Config.residual_length must be >= 0");
+  require(flush_block >= 1, "Config.flush_block must be >= 1");
+  require(key_scale > 0.f && std::isfinite(key_scale), "Config.key_scale must be positive");
+  require(value_scale > 0.f && std::isfinite(value_scale), "Config.value_scale must be positive");
+  require(layer_rates.empty() || static_cast<int>(layer_rates.size()) == shape.n_layers,
+          "Config.layer_rates must be empty or have one entry per layer (" + std::to_string(shape.n_layers) + ")");
+  require(rope.head_dim == shape.head_dim || rope.head_dim == 0 || rope.head_dim == 128,
+          "Config.rope.head_dim (" + std::to_string(rope.head_dim) + ") differs from the model head_dim");
+  const bool attention_scorer =
+      scorer == select::ScorerKind::kObservationWindow || scorer == select::ScorerKind::kMultiWindow;
+  (void)attention_scorer;  // queries are checked at compress time, when eviction is on
+}
+
+LayerRate Config::layer_rate(int layer, int n_layers) const {
+  if (layer < protect_boundary || layer >= n_layers - protect_boundary)
+    return LayerRate{quant::Codec::kFp16, quant::Codec::kFp16};
+  if (!layer_rates.empty()) return layer_rates[static_cast<size_t>(layer)];
+  return LayerRate{key_codec, value_codec};
+}
+
+std::string Config::describe() const {
+  std::ostringstream s;
+  s << "key=" << quant::to_string(key_codec) << ",value=" << quant::to_string(value_codec)
+    << ",evict=" << eviction_rate << ",sinks=" << sinks << ",recent=" << recent_window
+    << ",scorer=" << select::to_string(scorer) << ",window=" << obs_window << ",pool=" << pool_kernel
+    << ",protect=" << protect_boundary << ",rope=" << (keys_pre_rope ? "pre" : "post")
+    << ",key_gain=" << quant::to_string(key_gain) << ",value_gain=" << quant::to_string(value_gain)
+    << ",key_scale=" << key_scale << ",value_scale=" << value_scale << ",residual=" << residual_length
+    << ",flush=" << flush_block << ",per_head=" << (per_head_selection ? 1 : 0);
+  return s.str();
+}
+
+// ---- KVCompressor ----------------------------------------------------------------------------
+
+KVCompressor::KVCompressor(const ModelShape& shape, const Config& config) : shape_(shape), config_(config) {
+  config_.validate(shape_);
+  CacheLayout L;
+  L.n_layers = shape.n_layers;
+  L.n_kv_heads = shape.n_kv_heads;
+  L.n_q_heads = shape.n_q_heads;
+  L.head_dim = shape.head_dim;
+  for (int l = 0; l < shape.n_layers; ++l) {
+    const LayerRate r = config_.layer_rate(l, shape.n_layers);
+    L.key_codec.push_back(r.key);
+    L.value_codec.push_back(r.value);
+  }
+  L.key_gain = config_.key_gain;
+  L.value_gain = config_.value_gain;
+  L.key_scale = config_.key_scale;
+  L.value_scale = config_.value_scale;
+  L.keys_pre_rope = config_.keys_pre_rope;
+  L.rope = config_.rope;
+  L.rope.head_dim = shape.head_dim;
+  L.rotation_seed = config_.rotation_seed;
+  L.per_head_positions = config_.per_head_selection;
+  L.residual_length = config_.residual_length;
+  L.flush_block = config_.flush_block;
+  L.softmax_scale = config_.softmax_scale;
+  codecs_ = std::make_shared<const CacheCodecs>(std::move(L));
+}
+
+namespace {
+
+// Reads one head vector, rounded to fp16 (the cache's working precision); rejects non-finite.
+void load_fp16_rounded(const TensorView& v, int64_t t, int64_t h, uint16_t* dst, const char* what) {
+  float buf[512];
+  v.load(t, h, buf);
+  for (int64_t i = 0; i < v.head_dim(); ++i) {
+    if (!std::isfinite(buf[i]))
+      throw Error(std::string(what) + ": non-finite value at token " + std::to_string(t) + ", head " + std::to_string(h));
+    const uint16_t b = float_to_fp16_bits(buf[i]);
+    if ((b & 0x7C00u) == 0x7C00u)
+      throw Error(std::string(what) + ": value " + std::to_string(buf[i]) + " at token " + std::to_string(t) +
+                  " exceeds the fp16 range of the cache");
+    dst[i] = b;
+  }
+}
+
+void check_layer_view(const TensorView& v, const ModelShape& s, int64_t tokens, const char* what, int layer) {
+  const std::string where = std::string(what) + " of layer " + std::to_string(layer);
+  require(v.tokens() == tokens, where + ": token count " + std::to_string(v.tokens()) + " differs from keys' " +
+                                    std::to_string(tokens));
+  require(v.heads() == s.n_kv_heads, where + ": " + std::to_string(v.heads()) + " heads, model has " +
+                                         std::to_string(s.n_kv_heads) + " KV heads");
+  require(v.head_dim() == s.head_dim, where + ": head_dim " + std::to_string(v.head_dim()) + ", model has " +
+                                          std::to_string(s.head_dim));
+}
+
+}  // namespace
+
+CompressedKV KVCompressor::compress(const SequenceKV& prefill, const std::vector<LayerQueries>* queries) const {
+  CompressedKV cache(codecs_);
+  extend(cache, prefill, queries);
+  return cache;
+}
+
+std::vector<CompressedKV> KVCompressor::compress_batch(const std::vector<SequenceKV>& batch,
+                                                       const std::vector<std::vector<LayerQueries>>* queries) const {
+  require(queries == nullptr || queries->size() == batch.size(),
+          "compress_batch: one query set per sequence is required");
+  std::vector<CompressedKV> out;
+  out.reserve(batch.size());
+  for (size_t b = 0; b < batch.size(); ++b) out.push_back(compress(batch[b], queries ? &(*queries)[b] : nullptr));
+  return out;
+}
+
+void KVCompressor::extend(CompressedKV& cache, const SequenceKV& chunk, const std::vector<LayerQueries>* queries) const {
+  require(cache.valid() && cache.shared_codecs() == codecs_, "extend: the cache was not made by this compressor");
+  require(static_cast<int>(chunk.layers.size()) == shape_.n_layers,
+          "compress: " + std::to_string(chunk.layers.size()) + " layers given, model has " + std::to_string(shape_.n_layers));
+  require(queries == nullptr || static_cast<int>(queries->size()) == shape_.n_layers,
+          "compress: queries must hold one LayerQueries per layer");
+  const int64_t n = chunk.tokens();
+  const int64_t H = shape_.n_kv_heads, d = shape_.head_dim;
+  std::vector<int32_t> pos(static_cast<size_t>(n));
+  for (int64_t t = 0; t < n; ++t) {
+    pos[static_cast<size_t>(t)] = chunk.position(t);
+    require(pos[static_cast<size_t>(t)] >= 0, "compress: positions must be >= 0");
+    require(t == 0 || pos[static_cast<size_t>(t)] > pos[static_cast<size_t>(t - 1)],
+            "compress: positions must be strictly increasing");
+  }
+  select::ScorerOptions so;
+  so.kind = config_.scorer;
+  so.window = config_.obs_window;
+  so.pool_kernel = config_.pool_kernel;
+  so.gqa = config_.gqa_aggregation;
+  so.seed = config_.scorer_seed;
+  select::EvictionOptions eo;
+  eo.rate = config_.eviction_rate;
+  eo.sinks = config_.sinks;
+  eo.recent = config_.recent_window;
+  eo.per_head = config_.per_head_selection;
+  eo.head_aggregation = config_.head_aggregation;
+  const bool first_chunk = cache.original_tokens() == 0;
+  if (!first_chunk) eo.sinks = 0;  // sinks are the sequence's first tokens, already in the cache
+
+  for (int l = 0; l < shape_.n_layers; ++l) {
+    const LayerKV& kv = chunk.layers[static_cast<size_t>(l)];
+    check_layer_view(kv.keys, shape_, n, "keys", l);
+    check_layer_view(kv.values, shape_, n, "values", l);
+    auto& ld = cache.mutable_layer(l);
+    if (n > 0) {
+      const auto& last_sets = ld.window_positions[0].empty() ? ld.positions[0] : ld.window_positions[0];
+      require(last_sets.empty() || pos[0] > last_sets.back(),
+              "compress: chunk positions must follow the cache's last position");
+    }
+    std::vector<std::vector<int64_t>> sets;
+    if (config_.eviction_rate > 0.0 && n > 0) {
+      const LayerQueries* lq = queries ? &(*queries)[static_cast<size_t>(l)] : nullptr;
+      const auto scores = select::score_layer(kv.keys, pos.data(), lq, so, codecs_->layout().effective_softmax_scale());
+      sets = select::select_layer(scores, eo);
+    } else {
+      std::vector<int64_t> all(static_cast<size_t>(n));
+      for (int64_t t = 0; t < n; ++t) all[static_cast<size_t>(t)] = t;
+      sets.assign(config_.per_head_selection ? static_cast<size_t>(H) : 1, all);
+    }
+    // New tokens enter the residual window, then whole blocks are flushed into codes: the same
+    // path append() takes, so a prefix plus appends equals compressing everything at once.
+    for (size_t s = 0; s < sets.size(); ++s) {
+      for (int64_t t : sets[s]) ld.window_positions[s].push_back(pos[static_cast<size_t>(t)]);
+      const int h_begin = sets.size() == 1 ? 0 : static_cast<int>(s);
+      const int h_end = sets.size() == 1 ? static_cast<int>(H) : static_cast<int>(s) + 1;
+      for (int h = h_begin; h < h_end; ++h) {
+        auto& hd = ld.heads[static_cast<size_t>(h)];
+        const size_t w0 = hd.window_keys.size();
+        hd.window_keys.resize(w0 + sets[s].size() * d);
+        hd.window_values.resize(w0 + sets[s].size() * d);
+        for (size_t i = 0; i < sets[s].size(); ++i) {
+          load_fp16_rounded(kv.keys, sets[s][i], h, &hd.window_keys[w0 + i * d], "keys");
+          load_fp16_rounded(kv.values, sets[s][i], h, &hd.window_values[w0 + i * d], "values");
+        }
+      }
+    }
+    ld.original_tokens += n;
+    cache.flush(l);
+  }
+}
+
+void KVCompressor::append(CompressedKV& cache, int layer, const float* k, const float* v, int32_t position) const {
+  require(cache.valid() && cache.shared_codecs() == codecs_, "append: the cache was not made by this compressor");
+  require(k != nullptr && v != nullptr, "append: null key or value");
+  auto& ld = cache.mutable_layer(layer);
+  const int64_t H = shape_.n_kv_heads, d = shape_.head_dim;
+  const auto& last = ld.window_positions[0].empty() ? ld.positions[0] : ld.window_positions[0];
+  require(position >= 0 && (last.empty() || position > last.back()),
+          "append: position " + std::to_string(position) + " must be >= 0 and follow the layer's last position");
+  const TensorView kv_k = TensorView::nhd(k, DType::kF32, 1, H, d);
+  const TensorView kv_v = TensorView::nhd(v, DType::kF32, 1, H, d);
+  std::vector<uint16_t> kb(static_cast<size_t>(H * d)), vb(static_cast<size_t>(H * d));
+  for (int64_t h = 0; h < H; ++h) {  // validate everything before changing the cache
+    load_fp16_rounded(kv_k, 0, h, &kb[static_cast<size_t>(h * d)], "append keys");
+    load_fp16_rounded(kv_v, 0, h, &vb[static_cast<size_t>(h * d)], "append values");
+  }
+  for (auto& wp : ld.window_positions) wp.push_back(position);
+  for (int64_t h = 0; h < H; ++h) {
+    auto& hd = ld.heads[static_cast<size_t>(h)];
+    hd.window_keys.insert(hd.window_keys.end(), kb.begin() + h * d, kb.begin() + (h + 1) * d);
+    hd.window_values.insert(hd.window_values.end(), vb.begin() + h * d, vb.begin() + (h + 1) * d);
+  }
+  ld.original_tokens += 1;
+  cache.flush(layer);
+}
+
+}  // namespace e8kv
