@@ -23,3 +23,11 @@ foreach(kind install buildtree)
   run("${bin}/e8kv_consumer")
   message(STATUS "consumer against the ${kind} package: OK")
 endforeach()
+
+# The quickstart example builds and runs against the installed package too.
+set(qs "${WORK_DIR}/quickstart")
+run(${CMAKE_COMMAND} -S "${CONSUMER_SOURCE}/../../examples/quickstart" -B "${qs}" -G "${GENERATOR}"
+    "-DCMAKE_PREFIX_PATH=${prefix}" -DCMAKE_BUILD_TYPE=Release)
+run(${CMAKE_COMMAND} --build "${qs}")
+run("${qs}/quickstart")
+message(STATUS "examples/quickstart against the installed package: OK")
