@@ -1,0 +1,473 @@
+// e8kv-eval: real-model quality of e8kv and its peers at honest bit rates.
+//
+// Protocol (per chunk of the corpus): prefill C-1 tokens densely (capturing every layer's K/V and
+// the last 32 queries), build each configuration's cache from that prefill (e8kv compresses it;
+// peers quantize it), then teacher-force the next T tokens one at a time through every cache in
+// one batched decode step (the weights are read once per step). Every scored prediction goes
+// through the cache under test. The reference is fp16 (the lossless preset). Reported per
+// configuration: continuation perplexity and its Δ% vs fp16 (paired per chunk, 95 % CI), mean
+// KL(fp16 ‖ config) of next-token distributions, top-1 agreement, honest bits per element and
+// compression ratio of the cache at the end of the chunk, and needle-in-a-haystack recall.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "backends.hpp"
+#include "e8kv/compressor.hpp"
+#include "e8kv/error.hpp"
+#include "e8kv/llama/model.hpp"
+#include "npy.hpp"
+
+namespace {
+using namespace e8kv;
+
+struct Options {
+  std::string model, text;
+  int ctx = 2048, cont = 256, chunks = 3, threads = 0;
+  bool quick = false, niah = true, ablations = true;
+  std::vector<int> niah_sizes = {1024, 2048, 4096};
+  std::vector<double> niah_depths = {0.1, 0.3, 0.5, 0.7, 0.9};
+  std::string csv, md, dump_kv, only;
+  uint64_t seed = 1234;
+};
+
+struct ConfigSpec {
+  std::string name;
+  std::string e8kv_spec;  // empty for peers
+  bool is_peer = false;
+  eval::PeerKind peer = eval::PeerKind::kQ8_0Rotated;
+};
+
+std::vector<ConfigSpec> config_list(bool ablations) {
+  std::vector<ConfigSpec> v = {
+      {"fp16", "preset=lossless"},
+      {"e8kv quant-k4v2", "preset=quant-k4v2"},
+      {"e8kv quant-k3v2", "preset=quant-k3v2"},
+      {"e8kv quant-k2v2", "preset=quant-k2v2"},
+      {"e8kv high", "preset=high"},
+      {"e8kv asym", "preset=asym"},
+      {"e8kv balanced", "preset=balanced"},
+      {"e8kv max", "preset=max"},
+      {"q8_0 (rotated)", "", true, eval::PeerKind::kQ8_0Rotated},
+      {"q4_0 (rotated)", "", true, eval::PeerKind::kQ4_0Rotated},
+      {"KIVI-4", "", true, eval::PeerKind::kKivi4},
+      {"KIVI-2", "", true, eval::PeerKind::kKivi2},
+      {"TurboQuant-style LM4", "key=lm4,value=lm4,key_gain=norm,value_gain=norm"},
+      {"TurboQuant-style LM3", "key=lm3,value=lm3,key_gain=norm,value_gain=norm"},
+      {"relaxed K3V2", "", true, eval::PeerKind::kRelaxedK3V2},
+      {"relaxed K2V2", "", true, eval::PeerKind::kRelaxedK2V2},
+  };
+  if (ablations) {
+    v.push_back({"ablation k3v2 post-RoPE", "preset=quant-k3v2,rope=post"});
+    v.push_back({"ablation k3v2 gain=ls", "preset=quant-k3v2,key_gain=ls,value_gain=ls"});
+    v.push_back({"ablation k3v2 gain=unbiased", "preset=quant-k3v2,key_gain=unbiased,value_gain=unbiased"});
+    v.push_back({"ablation k3v2 ball3 keys", "preset=quant-k3v2,key=ball3"});
+    v.push_back({"ablation k3v2 protect=2", "preset=quant-k3v2,protect=2"});
+  }
+  return v;
+}
+
+Config model_config(const std::string& spec, const llama::ModelConfig& mc) {
+  Config c = Config::parse(spec);
+  // The model's RoPE, read from the GGUF: GGUF Llama rotates adjacent pairs (interleaved).
+  c.rope.layout = mc.rope_adjacent_pairs ? transform::RopeLayout::kInterleaved : transform::RopeLayout::kSplitHalf;
+  c.rope.head_dim = mc.head_dim;
+  c.rope.rotary_dim = mc.rope_dim;
+  c.rope.theta = mc.rope_theta;
+  if (mc.rope_scaling == llama::RopeScaling::kLinear) {
+    c.rope.scaling = transform::RopeScaling::kLinear;
+    c.rope.factor = mc.rope_scaling_factor;
+  }
+  return c;
+}
+
+// ---- progress ------------------------------------------------------------------------------------
+class Progress {
+ public:
+  Progress() : start_(std::chrono::steady_clock::now()) {}
+  void show(const std::string& phase, double frac) {
+    const double s = seconds();
+    const int width = 30, filled = static_cast<int>(frac * width);
+    std::fprintf(stderr, "\r[e8kv-eval] %-28s [%s%s] %5.1f%% %6.0f s", phase.c_str(), std::string(filled, '#').c_str(),
+                 std::string(width - filled, '.').c_str(), 100.0 * frac, s);
+    std::fflush(stderr);
+  }
+  void done() { std::fprintf(stderr, "\n"); }
+  double seconds() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+
+ private:
+  std::chrono::steady_clock::time_point start_;
+};
+
+// ---- metrics -------------------------------------------------------------------------------------
+struct Accum {
+  std::vector<double> chunk_nll_sum;  // per chunk
+  std::vector<double> chunk_tokens;
+  double kl_sum = 0, tokens = 0, top1 = 0;
+  double bits_sum = 0, ratio_sum = 0, chunks = 0;
+  int niah_hits = 0, niah_total = 0;
+  std::string note;
+};
+
+void log_softmax(const float* logits, int n, std::vector<double>& out) {
+  out.resize(static_cast<size_t>(n));
+  double m = -1e300;
+  for (int i = 0; i < n; ++i) m = std::max(m, static_cast<double>(logits[i]));
+  double z = 0;
+  for (int i = 0; i < n; ++i) z += std::exp(logits[i] - m);
+  const double lz = m + std::log(z);
+  for (int i = 0; i < n; ++i) out[static_cast<size_t>(i)] = logits[i] - lz;
+}
+
+int argmax(const float* x, int n) { return static_cast<int>(std::max_element(x, x + n) - x); }
+
+std::unique_ptr<eval::MeasuredBackend> make_backend(const ConfigSpec& c, const KVCompressor* comp,
+                                                    const llama::PrefillCapture& cap, const llama::ModelConfig& mc) {
+  if (c.is_peer) return std::make_unique<eval::PeerBackend>(c.peer, mc, cap);
+  return std::make_unique<eval::E8kvBackend>(*comp, cap, mc);
+}
+
+double elements_of(const llama::ModelConfig& mc, int64_t tokens) {
+  return static_cast<double>(tokens) * mc.n_layers * mc.n_kv_heads * mc.head_dim * 2.0;
+}
+
+// ---- corpus --------------------------------------------------------------------------------------
+std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  require(f.good(), "cannot read text file " + path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// ---- main pieces ---------------------------------------------------------------------------------
+void run_chunks(const Options& o, const llama::Model& model, const std::vector<std::vector<int32_t>>& corpora,
+                const std::vector<ConfigSpec>& cfgs, const std::vector<std::unique_ptr<KVCompressor>>& comps,
+                std::vector<Accum>& acc, Progress& prog) {
+  const auto& mc = model.config();
+  const int V = mc.vocab_size;
+  const int C = o.ctx, T = o.cont;
+  std::vector<double> lp_ref, lp;
+  for (int chunk = 0; chunk < o.chunks; ++chunk) {
+    const auto& toks = corpora[static_cast<size_t>(chunk) % corpora.size()];
+    const size_t per = static_cast<size_t>(C + T);
+    const size_t slot = static_cast<size_t>(chunk) / corpora.size();
+    require((slot + 1) * per <= toks.size(), "corpus too short for " + std::to_string(o.chunks) + " chunks of " +
+                                                 std::to_string(per) + " tokens");
+    const std::vector<int32_t> seq(toks.begin() + static_cast<ptrdiff_t>(slot * per),
+                                   toks.begin() + static_cast<ptrdiff_t>((slot + 1) * per));
+    llama::PrefillCapture cap;
+    cap.obs_window = 32;
+    cap.capture_pre_rope_keys = !o.dump_kv.empty() && chunk == 0;
+    const std::vector<int32_t> prompt(seq.begin(), seq.begin() + (C - 1));
+    prog.show("chunk " + std::to_string(chunk + 1) + " prefill", 0.0);
+    model.prefill(prompt, &cap, llama::LogitsMode::kNone);
+    if (!o.dump_kv.empty() && chunk == 0) {
+      const int64_t n = cap.n_tokens;
+      for (int l = 0; l < mc.n_layers; ++l) {
+        const std::string p = o.dump_kv + "/layer" + std::to_string(l);
+        bench::save_npy(p + "_keys_post_rope.npy", cap.k[l].data(), {size_t(n) * mc.n_kv_heads, size_t(mc.head_dim)});
+        bench::save_npy(p + "_keys_pre_rope.npy", cap.k_pre_rope[l].data(), {size_t(n) * mc.n_kv_heads, size_t(mc.head_dim)});
+        bench::save_npy(p + "_values.npy", cap.v[l].data(), {size_t(n) * mc.n_kv_heads, size_t(mc.head_dim)});
+        const size_t w = cap.q_obs[l].size() / mc.head_dim;
+        bench::save_npy(p + "_queries_obs.npy", cap.q_obs[l].data(), {w, size_t(mc.head_dim)});
+      }
+      std::vector<float> pos(static_cast<size_t>(n));
+      std::iota(pos.begin(), pos.end(), 0.f);
+      bench::save_npy(o.dump_kv + "/positions.npy", pos.data(), {pos.size()});
+      std::ofstream readme(o.dump_kv + "/README");
+      readme << "KV dump of e8kv-eval (model " << mc.name << ", first chunk, " << n << " tokens)\n"
+             << "layerL_keys_post_rope.npy, layerL_keys_pre_rope.npy, layerL_values.npy: float32 ["
+             << n << " * " << mc.n_kv_heads << ", " << mc.head_dim << "], row = token * n_kv_heads + kv_head\n"
+             << "layerL_queries_obs.npy: float32 [window * " << mc.n_heads << ", " << mc.head_dim
+             << "], post-RoPE queries of the last tokens, row = w * n_q_heads + q_head\n"
+             << "positions.npy: float32 [" << n << "], the token positions 0..n-1\n"
+             << "RoPE: theta " << mc.rope_theta << ", rope_dim " << mc.rope_dim
+             << (mc.rope_adjacent_pairs ? ", adjacent pairs (interleaved)\n" : ", split halves\n")
+             << "Use: e8kv-rd --source npy:layer5_keys_pre_rope.npy\n";
+    }
+    std::vector<std::unique_ptr<eval::MeasuredBackend>> backends;
+    for (size_t i = 0; i < cfgs.size(); ++i) {
+      prog.show("chunk " + std::to_string(chunk + 1) + " compress", double(i) / cfgs.size());
+      backends.push_back(make_backend(cfgs[i], comps[i].get(), cap, mc));
+    }
+    std::vector<llama::KvBackend*> ptrs;
+    for (auto& b : backends) ptrs.push_back(b.get());
+    std::vector<double> nll(cfgs.size(), 0.0);
+    for (int t = 0; t < T; ++t) {
+      prog.show("chunk " + std::to_string(chunk + 1) + " decode", double(t) / T);
+      const int64_t pos = C - 1 + t;
+      const int32_t in = seq[static_cast<size_t>(pos)], target = seq[static_cast<size_t>(pos + 1)];
+      const std::vector<int32_t> tokens(cfgs.size(), in);
+      const std::vector<int64_t> positions(cfgs.size(), pos);
+      const auto logits = model.decode_batch(tokens, positions, ptrs);
+      log_softmax(&logits[0], V, lp_ref);
+      const int ref_top = argmax(&logits[0], V);
+      for (size_t i = 0; i < cfgs.size(); ++i) {
+        const float* li = &logits[i * static_cast<size_t>(V)];
+        log_softmax(li, V, lp);
+        nll[i] -= lp[static_cast<size_t>(target)];
+        double kl = 0;
+        for (int j = 0; j < V; ++j) kl += std::exp(lp_ref[static_cast<size_t>(j)]) * (lp_ref[static_cast<size_t>(j)] - lp[static_cast<size_t>(j)]);
+        acc[i].kl_sum += std::max(0.0, kl);
+        acc[i].top1 += argmax(li, V) == ref_top;
+        acc[i].tokens += 1;
+      }
+    }
+    for (size_t i = 0; i < cfgs.size(); ++i) {
+      acc[i].chunk_nll_sum.push_back(nll[i]);
+      acc[i].chunk_tokens.push_back(T);
+      const double bits = 8.0 * backends[i]->bytes() / elements_of(mc, backends[i]->original_tokens());
+      acc[i].bits_sum += bits;
+      acc[i].ratio_sum += 16.0 / bits;
+      acc[i].chunks += 1;
+      acc[i].note = backends[i]->rate_note();
+    }
+  }
+}
+
+// Needle in a haystack through the model's chat template; greedy answer, exact match of the number.
+void run_niah(const Options& o, const llama::Model& model, const std::vector<int32_t>& haystack_tokens,
+              const std::vector<ConfigSpec>& cfgs, const std::vector<std::unique_ptr<KVCompressor>>& comps,
+              std::vector<Accum>& acc, Progress& prog) {
+  const auto& mc = model.config();
+  const auto& tok = model.tokenizer();
+  const int V = mc.vocab_size;
+  std::mt19937_64 rng(o.seed);
+  const int32_t im_end = tok.find("<|im_end|>");
+  const size_t total = o.niah_sizes.size() * o.niah_depths.size();
+  size_t done = 0;
+  for (int size : o.niah_sizes) {
+    for (double depth : o.niah_depths) {
+      prog.show("needles", double(done++) / total);
+      const int number = 100000 + static_cast<int>(rng() % 900000);
+      const std::string needle = " The secret number is " + std::to_string(number) + ". ";
+      require(haystack_tokens.size() > static_cast<size_t>(size) + 64, "corpus too short for a haystack of " + std::to_string(size));
+      std::string hay = tok.decode(std::vector<int32_t>(haystack_tokens.begin(), haystack_tokens.begin() + size));
+      size_t cut = static_cast<size_t>(depth * hay.size());
+      const size_t dot = hay.find(". ", cut);
+      cut = dot == std::string::npos ? cut : dot + 1;
+      hay.insert(cut, needle);
+      const std::string prompt = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n" + hay +
+                                 "\n\nWhat is the secret number in the text above? Answer with the number only."
+                                 "<|im_end|>\n<|im_start|>assistant\n";
+      const auto ids = tok.encode(prompt, /*parse_special=*/true);
+      llama::PrefillCapture cap;
+      cap.obs_window = 32;
+      const std::vector<int32_t> head(ids.begin(), ids.end() - 1);
+      model.prefill(head, &cap, llama::LogitsMode::kNone);
+      std::vector<std::unique_ptr<eval::MeasuredBackend>> backends;
+      for (size_t i = 0; i < cfgs.size(); ++i) backends.push_back(make_backend(cfgs[i], comps[i].get(), cap, mc));
+      std::vector<llama::KvBackend*> ptrs;
+      for (auto& b : backends) ptrs.push_back(b.get());
+      std::vector<std::vector<int32_t>> answers(cfgs.size());
+      std::vector<int32_t> next(cfgs.size(), ids.back());
+      std::vector<char> finished(cfgs.size(), 0);
+      for (int step = 0; step < 10; ++step) {
+        const std::vector<int64_t> positions(cfgs.size(), static_cast<int64_t>(ids.size()) - 1 + step);
+        const auto logits = model.decode_batch(next, positions, ptrs);
+        for (size_t i = 0; i < cfgs.size(); ++i) {
+          next[i] = argmax(&logits[i * static_cast<size_t>(V)], V);
+          if (!finished[i]) {
+            if (next[i] == im_end || next[i] == mc.eos_id) finished[i] = 1;
+            else answers[i].push_back(next[i]);
+          }
+        }
+      }
+      for (size_t i = 0; i < cfgs.size(); ++i) {
+        const std::string a = tok.decode(answers[i], true);
+        acc[i].niah_hits += a.find(std::to_string(number)) != std::string::npos;
+        acc[i].niah_total += 1;
+      }
+    }
+  }
+}
+
+struct Result {
+  std::string name;
+  double bits = 0, ratio = 0, ppl = 0, dppl = 0, ci = 0, kl = 0, top1 = 0, niah = -1;
+  std::string note;
+};
+
+std::vector<Result> summarize(const std::vector<ConfigSpec>& cfgs, const std::vector<Accum>& acc) {
+  std::vector<Result> out;
+  const auto& ref = acc[0];
+  for (size_t i = 0; i < cfgs.size(); ++i) {
+    const auto& a = acc[i];
+    Result r;
+    r.name = cfgs[i].name;
+    r.note = a.note;
+    if (a.chunks > 0) {
+      r.bits = a.bits_sum / a.chunks;
+      r.ratio = a.ratio_sum / a.chunks;
+      double nll = 0, tok = 0;
+      std::vector<double> deltas;
+      for (size_t c = 0; c < a.chunk_nll_sum.size(); ++c) {
+        nll += a.chunk_nll_sum[c];
+        tok += a.chunk_tokens[c];
+        const double p = std::exp(a.chunk_nll_sum[c] / a.chunk_tokens[c]);
+        const double pr = std::exp(ref.chunk_nll_sum[c] / ref.chunk_tokens[c]);
+        deltas.push_back(100.0 * (p / pr - 1.0));
+      }
+      r.ppl = std::exp(nll / tok);
+      const double mean = std::accumulate(deltas.begin(), deltas.end(), 0.0) / deltas.size();
+      double var = 0;
+      for (double d : deltas) var += (d - mean) * (d - mean);
+      r.dppl = mean;
+      r.ci = deltas.size() > 1 ? 1.96 * std::sqrt(var / (deltas.size() - 1) / deltas.size()) : 0.0;
+      r.kl = a.kl_sum / a.tokens;
+      r.top1 = a.top1 / a.tokens;
+    }
+    if (a.niah_total > 0) r.niah = double(a.niah_hits) / a.niah_total;
+    out.push_back(r);
+  }
+  return out;
+}
+
+void print_outputs(const Options& o, const std::vector<Result>& rs, const llama::ModelConfig& mc, double seconds) {
+  std::printf("\n# e8kv-eval: model %s (%d layers, %d/%d heads, head_dim %d), ctx %d, cont %d, chunks %d, %.0f s\n",
+              mc.name.c_str(), mc.n_layers, mc.n_heads, mc.n_kv_heads, mc.head_dim, o.ctx, o.cont, o.chunks, seconds);
+  std::printf("%-30s %8s %7s %9s %18s %9s %7s %6s\n", "config", "bits/el", "ratio", "ppl", "dppl% (95% CI)", "KL", "top1",
+              "NIAH");
+  for (const auto& r : rs) {
+    char niah[16] = "-";
+    if (r.niah >= 0) std::snprintf(niah, sizeof niah, "%.2f", r.niah);
+    std::printf("%-30s %8.3f %7.2f %9.4f %+8.2f ± %6.2f %9.5f %7.4f %6s\n", r.name.c_str(), r.bits, r.ratio, r.ppl, r.dppl,
+                r.ci, r.kl, r.top1, niah);
+  }
+  for (const auto& r : rs)
+    if (!r.note.empty() && r.name.find("relaxed") != std::string::npos) {
+      std::printf("note: %s\n", r.note.c_str());
+      break;
+    }
+  if (!o.csv.empty()) {
+    std::ofstream f(o.csv);
+    require(f.good(), "--csv: cannot write " + o.csv);
+    f << "config,bits_per_element,compression_ratio,ppl,ppl_delta_pct,kl_mean,top1_agree,niah_recall\n";
+    char buf[512];
+    for (const auto& r : rs) {
+      std::string niah = r.niah >= 0 ? std::to_string(r.niah) : "";
+      std::snprintf(buf, sizeof buf, "%s,%.4f,%.4f,%.5f,%.4f,%.6f,%.5f,%s\n", r.name.c_str(), r.bits, r.ratio, r.ppl, r.dppl,
+                    r.kl, r.top1, niah.c_str());
+      f << buf;
+    }
+  }
+  if (!o.md.empty()) {
+    std::ofstream f(o.md);
+    require(f.good(), "--md: cannot write " + o.md);
+    f << "| config | bits/elem | ratio | PPL | ΔPPL % (95 % CI) | KL | top-1 | NIAH |\n|---|---|---|---|---|---|---|---|\n";
+    char buf[512];
+    for (const auto& r : rs) {
+      std::string niah = r.niah >= 0 ? std::to_string(r.niah).substr(0, 4) : "-";
+      std::snprintf(buf, sizeof buf, "| %s | %.3f | %.2f | %.4f | %+.2f ± %.2f | %.5f | %.4f | %s |\n", r.name.c_str(),
+                    r.bits, r.ratio, r.ppl, r.dppl, r.ci, r.kl, r.top1, niah.c_str());
+      f << buf;
+    }
+  }
+}
+
+std::vector<int> parse_ints(const std::string& s) {
+  std::vector<int> v;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) v.push_back(std::stoi(item));
+  return v;
+}
+
+int usage() {
+  std::fprintf(stderr,
+               "usage: e8kv-eval [--model F.gguf] [--text FILE] [--ctx 512|2048|4096] [--cont T] [--chunks N]\n"
+               "                 [--quick] [--no-niah] [--niah-sizes 1024,2048] [--no-ablations] [--only NAME,...]\n"
+               "                 [--csv FILE] [--md FILE] [--dump-kv DIR] [--threads N]\n"
+               "defaults: the fetched SmolLM2-135M-Instruct and the two fetched corpora (scripts/fetch-data.sh)\n");
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    Options o;
+    bool ctx_set = false, chunks_set = false, cont_set = false;
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      auto next = [&]() -> std::string {
+        if (i + 1 >= argc) throw Error("missing value after " + a);
+        return argv[++i];
+      };
+      if (a == "--model") o.model = next();
+      else if (a == "--text") o.text = next();
+      else if (a == "--ctx") { o.ctx = std::stoi(next()); ctx_set = true; }
+      else if (a == "--cont") { o.cont = std::stoi(next()); cont_set = true; }
+      else if (a == "--chunks") { o.chunks = std::stoi(next()); chunks_set = true; }
+      else if (a == "--quick") o.quick = true;
+      else if (a == "--no-niah") o.niah = false;
+      else if (a == "--no-ablations") o.ablations = false;
+      else if (a == "--niah-sizes") o.niah_sizes = parse_ints(next());
+      else if (a == "--only") o.only = next();
+      else if (a == "--csv") o.csv = next();
+      else if (a == "--md") o.md = next();
+      else if (a == "--dump-kv") o.dump_kv = next();
+      else if (a == "--threads") o.threads = std::stoi(next());
+      else if (a == "-h" || a == "--help") return usage();
+      else throw Error("unknown argument '" + a + "'");
+    }
+    if (o.quick) {
+      if (!ctx_set) o.ctx = 512;
+      if (!cont_set) o.cont = 64;
+      if (!chunks_set) o.chunks = 2;
+      o.niah_sizes = {1024};
+      o.niah_depths = {0.1, 0.5, 0.9};
+      o.ablations = false;
+    }
+    require(o.ctx >= 64 && o.cont >= 1 && o.chunks >= 1, "--ctx >= 64, --cont >= 1, --chunks >= 1 required");
+    if (o.model.empty()) o.model = llama::default_model_path();
+    Progress prog;
+    const auto model = llama::Model::load(o.model, o.threads);
+    const auto& mc = model.config();
+    require(is_supported_head_dim(mc.head_dim), "model head_dim " + std::to_string(mc.head_dim) + " is not supported");
+    std::vector<std::string> texts;
+    if (!o.text.empty()) texts.push_back(o.text);
+    else {
+      const std::string base = llama::default_cache_dir() + "/text/";
+      texts = {base + "tech.txt", base + "fiction.txt"};
+    }
+    std::vector<std::vector<int32_t>> corpora;
+    for (const auto& t : texts) corpora.push_back(model.tokenizer().encode(read_file(t)));
+    auto cfgs = config_list(o.ablations);
+    if (!o.only.empty()) {
+      std::vector<ConfigSpec> keep = {cfgs[0]};
+      std::stringstream ss(o.only);
+      std::string name;
+      while (std::getline(ss, name, ','))
+        for (const auto& c : cfgs)
+          if (c.name == name && c.name != "fp16") keep.push_back(c);
+      cfgs = keep;
+    }
+    std::vector<std::unique_ptr<KVCompressor>> comps;
+    const ModelShape shape{mc.n_layers, mc.n_kv_heads, mc.n_heads, mc.head_dim};
+    for (const auto& c : cfgs)
+      comps.push_back(c.is_peer ? nullptr : std::make_unique<KVCompressor>(shape, model_config(c.e8kv_spec, mc)));
+    std::vector<Accum> acc(cfgs.size());
+    run_chunks(o, model, corpora, cfgs, comps, acc, prog);
+    if (o.niah) run_niah(o, model, corpora.back(), cfgs, comps, acc, prog);
+    prog.done();
+    print_outputs(o, summarize(cfgs, acc), mc, prog.seconds());
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "\ne8kv-eval: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Fetches everything the real-model evaluation needs into ${E8KV_CACHE:-$HOME/.cache/e8kv}
+# (model: scripts/fetch-model.sh, text: scripts/fetch-text.sh) and prints the paths.
+# Idempotent: a second run only checks hashes.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+bash "$here/fetch-model.sh"
+bash "$here/fetch-text.sh"
