@@ -14,22 +14,6 @@
 namespace e8kv {
 
 namespace {
-constexpr int kRopeLevelBits = 10;
-constexpr int kRopeLevelEntries[3] = {1 << kRopeLevelBits, 1 << kRopeLevelBits, 1 << 11};
-constexpr int kRopeLevelOffset[3] = {0, 1 << kRopeLevelBits, 2 << kRopeLevelBits};
-constexpr int kRopeTotalEntries = (2 << kRopeLevelBits) + (1 << 11);
-
-// Rotary pair p covers coordinates (first, second) in the given layout.
-inline void pair_coords(transform::RopeLayout layout, int rotary_dim, int p, int& a, int& b) {
-  if (layout == transform::RopeLayout::kSplitHalf) {
-    a = p;
-    b = p + rotary_dim / 2;
-  } else {
-    a = 2 * p;
-    b = 2 * p + 1;
-  }
-}
-
 inline float dot(const float* a, const float* b, int n) {
   float s = 0.f;
   for (int i = 0; i < n; ++i) s += a[i] * b[i];
@@ -61,23 +45,40 @@ CacheCodecs::CacheCodecs(CacheLayout layout) : layout_(std::move(layout)) {
   rope_ = std::make_unique<transform::Rope>(rp);
   const auto& inv = rope_->inv_freq();
   n_pairs_ = static_cast<int>(inv.size());
-  rope_tables_.resize(static_cast<size_t>(kRopeTotalEntries) * n_pairs_ * 2);
-  for (int level = 0; level < 3; ++level) {
-    const double step = std::ldexp(1.0, kRopeLevelBits * level);
-    for (int e = 0; e < kRopeLevelEntries[level]; ++e) {
-      float* row = &rope_tables_[static_cast<size_t>(kRopeLevelOffset[level] + e) * n_pairs_ * 2];
-      for (int p = 0; p < n_pairs_; ++p) {
-        const double angle = std::fmod(e * step * inv[static_cast<size_t>(p)], 2.0 * M_PI);
-        row[2 * p] = static_cast<float>(std::cos(angle));
-        row[2 * p + 1] = static_cast<float>(std::sin(angle));
-      }
-    }
-  }
+  rope_tables_ = quant::build_rope_table(inv.data(), n_pairs_);
 }
 
 const transform::RandomizedHadamard& CacheCodecs::rotation(int layer, int head, int kind) const {
   return rotations_[(static_cast<size_t>(layer) * layout_.n_kv_heads + head) * 2 + kind];
 }
+
+quant::RopeTableView CacheCodecs::key_rope_view() const {
+  quant::RopeTableView v;
+  if (!layout_.keys_pre_rope) return v;
+  v.table = rope_tables_.data();
+  v.rotary_dim = rope_->rotary_dim();
+  v.layout = rope_->params().layout;
+  return v;
+}
+
+quant::VectorCodecArgs CacheCodecs::codec_args(int layer, int head, int kind) const {
+  require(layer >= 0 && layer < layout_.n_layers && head >= 0 && head < layout_.n_kv_heads && (kind == 0 || kind == 1),
+          "CacheCodecs::codec_args: (layer " + std::to_string(layer) + ", head " + std::to_string(head) + ", kind " +
+              std::to_string(kind) + ") out of range");
+  quant::VectorCodecArgs a;
+  a.head_dim = layout_.head_dim;
+  a.scale = kind == 0 ? layout_.key_scale : layout_.value_scale;
+  a.gain = kind == 0 ? layout_.key_gain : layout_.value_gain;
+  a.sign_bits = rotation(layer, head, kind).sign_bits();
+  return a;
+}
+
+namespace {
+void require_finite(const float* x, int d, const char* what) {
+  for (int i = 0; i < d; ++i)
+    if (!std::isfinite(x[i])) throw Error(std::string(what) + ": non-finite input at element " + std::to_string(i));
+}
+}  // namespace
 
 void CacheCodecs::encode_key(int layer, int head, const float* k, int32_t position, uint8_t* codes,
                              uint16_t* gain) const {
@@ -86,11 +87,14 @@ void CacheCodecs::encode_key(int layer, int head, const float* k, int32_t positi
     q.encode(k, codes, gain);
     return;
   }
-  float tmp[512];
-  std::copy(k, k + layout_.head_dim, tmp);
-  if (layout_.keys_pre_rope) rope_->remove(tmp, position);
-  rotation(layer, head, 0).forward(tmp, tmp);
-  q.encode(tmp, codes, gain);
+  require_finite(k, layout_.head_dim, "CacheCodecs::encode_key");
+  require(!layout_.keys_pre_rope || position >= 0,
+          "CacheCodecs::encode_key: position must be >= 0 for pre-RoPE keys, got " + std::to_string(position));
+  const quant::VectorCodecArgs args = codec_args(layer, head, 0);
+  const quant::RopeTableView rope = key_rope_view();
+  quant::dispatch_block_code(q.codec(), [&](auto code) {
+    return quant::encode_key_vector<decltype(code)>(k, args, rope, position, codes, gain);
+  });
 }
 
 void CacheCodecs::encode_value(int layer, int head, const float* v, uint8_t* codes, uint16_t* gain) const {
@@ -99,55 +103,53 @@ void CacheCodecs::encode_value(int layer, int head, const float* v, uint8_t* cod
     q.encode(v, codes, gain);
     return;
   }
-  float tmp[512];
-  rotation(layer, head, 1).forward(v, tmp);
-  q.encode(tmp, codes, gain);
+  require_finite(v, layout_.head_dim, "CacheCodecs::encode_value");
+  const quant::VectorCodecArgs args = codec_args(layer, head, 1);
+  quant::dispatch_block_code(q.codec(), [&](auto code) {
+    return quant::encode_value_vector<decltype(code)>(v, args, codes, gain);
+  });
 }
 
 void CacheCodecs::decode_key(int layer, int head, const uint8_t* codes, uint16_t gain, int32_t position,
                              float* k) const {
   const auto& q = key_quantizer(layer);
-  q.decode(codes, gain, k);
-  if (q.codec() == quant::Codec::kFp16) return;
-  rotation(layer, head, 0).inverse(k, k);
-  if (layout_.keys_pre_rope) apply_rope_fast(k, position);
+  if (q.codec() == quant::Codec::kFp16) {
+    q.decode(codes, gain, k);
+    return;
+  }
+  require(!layout_.keys_pre_rope || position >= 0,
+          "CacheCodecs::decode_key: position must be >= 0 for pre-RoPE keys, got " + std::to_string(position));
+  const quant::VectorCodecArgs args = codec_args(layer, head, 0);
+  const quant::RopeTableView rope = key_rope_view();
+  quant::dispatch_block_code(q.codec(), [&](auto code) {
+    return quant::decode_key_vector<decltype(code)>(codes, gain, args, rope, position, k);
+  });
 }
 
 void CacheCodecs::decode_value(int layer, int head, const uint8_t* codes, uint16_t gain, float* v) const {
   const auto& q = value_quantizer(layer);
-  q.decode(codes, gain, v);
-  if (q.codec() == quant::Codec::kFp16) return;
-  rotation(layer, head, 1).inverse(v, v);
+  if (q.codec() == quant::Codec::kFp16) {
+    q.decode(codes, gain, v);
+    return;
+  }
+  const quant::VectorCodecArgs args = codec_args(layer, head, 1);
+  quant::dispatch_block_code(q.codec(), [&](auto code) {
+    return quant::decode_value_vector<decltype(code)>(codes, gain, args, v);
+  });
 }
 
 void CacheCodecs::rope_cos_sin(int32_t position, float* cos_out, float* sin_out) const {
   require(position >= 0, "RoPE position must be >= 0, got " + std::to_string(position));
-  const uint32_t p = static_cast<uint32_t>(position);
-  const uint32_t idx[3] = {p & 1023u, (p >> 10) & 1023u, p >> 20};
-  const float* t0 = &rope_tables_[static_cast<size_t>(kRopeLevelOffset[0] + idx[0]) * n_pairs_ * 2];
-  const float* t1 = &rope_tables_[static_cast<size_t>(kRopeLevelOffset[1] + idx[1]) * n_pairs_ * 2];
-  const float* t2 = &rope_tables_[static_cast<size_t>(kRopeLevelOffset[2] + idx[2]) * n_pairs_ * 2];
-  for (int i = 0; i < n_pairs_; ++i) {
-    // e^{i(a+b+c)} = e^{ia}·e^{ib}·e^{ic}
-    const float c01 = t0[2 * i] * t1[2 * i] - t0[2 * i + 1] * t1[2 * i + 1];
-    const float s01 = t0[2 * i] * t1[2 * i + 1] + t0[2 * i + 1] * t1[2 * i];
-    cos_out[i] = c01 * t2[2 * i] - s01 * t2[2 * i + 1];
-    sin_out[i] = c01 * t2[2 * i + 1] + s01 * t2[2 * i];
-  }
+  for (int i = 0; i < n_pairs_; ++i) quant::rope_table_cos_sin(rope_tables_.data(), n_pairs_, position, i, cos_out[i], sin_out[i]);
 }
 
 void CacheCodecs::apply_rope_fast(float* x, int32_t position) const {
-  float c[256], s[256];
-  rope_cos_sin(position, c, s);
-  const auto& rp = rope_->params();
-  const int rd = rp.rotary_dim > 0 ? rp.rotary_dim : layout_.head_dim;
-  for (int p = 0; p < n_pairs_; ++p) {
-    int a, b;
-    pair_coords(rp.layout, rd, p, a, b);
-    const float xa = x[a], xb = x[b];
-    x[a] = xa * c[p] - xb * s[p];
-    x[b] = xb * c[p] + xa * s[p];
-  }
+  require(position >= 0, "RoPE position must be >= 0, got " + std::to_string(position));
+  quant::RopeTableView v;
+  v.table = rope_tables_.data();
+  v.rotary_dim = rope_->rotary_dim();
+  v.layout = rope_->params().layout;
+  quant::rope_table_rotate(x, v, position, /*inverse=*/false);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -201,26 +203,23 @@ CompressedKV::ByteBreakdown CompressedKV::byte_breakdown() const {
   ByteBreakdown b;
   if (!valid()) return b;
   b.descriptor = layout().descriptor_bytes();
+  std::vector<int32_t> all;
   for (const auto& l : layers_) {
     for (const auto& h : l.heads) {
       b.codes += h.key_codes.size() + h.value_codes.size();
       b.gains += 2 * (h.key_gains.size() + h.value_gains.size());
       b.window += 2 * (h.window_keys.size() + h.window_values.size());
+      b.means += 2 * (h.key_mean.size() + h.value_mean.size());
     }
     for (size_t s = 0; s < l.positions.size(); ++s) {
-      // A set whose positions form one contiguous run is stored as (start, count).
-      const auto& c = l.positions[s];
-      const auto& w = l.window_positions[s];
-      const size_t n = c.size() + w.size();
+      // A set whose positions (coded and window) form one contiguous run is stored as
+      // (start, count); otherwise 4 bytes per position.
+      all = l.positions[s];
+      all.insert(all.end(), l.window_positions[s].begin(), l.window_positions[s].end());
+      std::sort(all.begin(), all.end());
       bool contiguous = true;
-      int32_t prev = 0;
-      size_t i = 0;
-      for (const auto* v : {&c, &w})
-        for (int32_t p : *v) {
-          if (i++ > 0 && p != prev + 1) contiguous = false;
-          prev = p;
-        }
-      b.positions += contiguous ? 8 : 4 * n;
+      for (size_t i = 1; i < all.size(); ++i) contiguous = contiguous && all[i] == all[i - 1] + 1;
+      b.positions += contiguous ? 8 : 4 * all.size();
     }
   }
   return b;
@@ -255,19 +254,40 @@ void CompressedKV::flush(int l) {
   const auto& kq = codecs_->key_quantizer(l);
   const auto& vq = codecs_->value_quantizer(l);
   const size_t kcb = kq.code_bytes(), vcb = vq.code_bytes();
+  const bool k_coded = kq.codec() != quant::Codec::kFp16, v_coded = vq.codec() != quant::Codec::kFp16;
   const bool k_gain = kq.gain_bytes() > 0, v_gain = vq.gain_bytes() > 0;
   const size_t sets = ld.positions.size();
+  const int64_t p = ld.pinned;
   for (size_t s = 0; s < sets; ++s) {
-    const int64_t w = static_cast<int64_t>(ld.window_positions[s].size());
-    if (w < L.residual_length + L.flush_block) continue;
-    const int64_t move = (w - L.residual_length) / L.flush_block * L.flush_block;
-    const auto& wpos = ld.window_positions[s];
     // Heads served by this set: all heads when shared, head s alone otherwise.
     const int h_begin = sets == 1 ? 0 : static_cast<int>(s);
     const int h_end = sets == 1 ? L.n_kv_heads : static_cast<int>(s) + 1;
-    float k[512], v[512];
+    const int64_t flushable = static_cast<int64_t>(ld.window_positions[s].size()) - p;
+    const bool need_mean = L.center && (k_coded || v_coded) && ld.positions[s].empty();
+    int64_t threshold = static_cast<int64_t>(L.residual_length) + L.flush_block;
+    if (need_mean) threshold = std::max<int64_t>(threshold, L.mean_tokens);
+    if (flushable < threshold) continue;
+    const int64_t move = (flushable - L.residual_length) / L.flush_block * L.flush_block;
+    const auto& wpos = ld.window_positions[s];
+    float k[512], v[512], mu[512];
     for (int h = h_begin; h < h_end; ++h) {
       auto& hd = ld.heads[static_cast<size_t>(h)];
+      if (need_mean) {
+        // Means over the first mean_tokens unpinned window tokens, keys in their coding frame.
+        std::vector<double> km(static_cast<size_t>(d), 0.0), vm(static_cast<size_t>(d), 0.0);
+        for (int64_t t = p; t < p + L.mean_tokens; ++t) {
+          for (int i = 0; i < d; ++i) {
+            k[i] = fp16_bits_to_float(hd.window_keys[static_cast<size_t>(t * d + i)]);
+            vm[static_cast<size_t>(i)] += fp16_bits_to_float(hd.window_values[static_cast<size_t>(t * d + i)]);
+          }
+          if (L.keys_pre_rope) codecs_->rope().remove(k, wpos[static_cast<size_t>(t)]);
+          for (int i = 0; i < d; ++i) km[static_cast<size_t>(i)] += k[i];
+        }
+        hd.key_mean.clear();
+        hd.value_mean.clear();
+        for (int i = 0; i < d && k_coded; ++i) hd.key_mean.push_back(float_to_fp16_bits(static_cast<float>(km[i] / L.mean_tokens)));
+        for (int i = 0; i < d && v_coded; ++i) hd.value_mean.push_back(float_to_fp16_bits(static_cast<float>(vm[i] / L.mean_tokens)));
+      }
       const size_t kc0 = hd.key_codes.size(), vc0 = hd.value_codes.size();
       hd.key_codes.resize(kc0 + static_cast<size_t>(move) * kcb);
       hd.value_codes.resize(vc0 + static_cast<size_t>(move) * vcb);
@@ -275,23 +295,37 @@ void CompressedKV::flush(int l) {
       if (k_gain) hd.key_gains.resize(kg0 + static_cast<size_t>(move));
       if (v_gain) hd.value_gains.resize(vg0 + static_cast<size_t>(move));
       for (int64_t t = 0; t < move; ++t) {
+        const size_t w = static_cast<size_t>(p + t);
+        const int32_t pos = wpos[w];
         for (int i = 0; i < d; ++i) {
-          k[i] = fp16_bits_to_float(hd.window_keys[static_cast<size_t>(t * d + i)]);
-          v[i] = fp16_bits_to_float(hd.window_values[static_cast<size_t>(t * d + i)]);
+          k[i] = fp16_bits_to_float(hd.window_keys[w * d + i]);
+          v[i] = fp16_bits_to_float(hd.window_values[w * d + i]);
         }
+        if (!hd.key_mean.empty()) {
+          key_mean_at(l, h, pos, mu);
+          for (int i = 0; i < d; ++i) k[i] -= mu[i];
+        }
+        for (int i = 0; i < static_cast<int>(hd.value_mean.size()); ++i) v[i] -= fp16_bits_to_float(hd.value_mean[static_cast<size_t>(i)]);
         uint16_t kg = 0, vg = 0;
-        codecs_->encode_key(l, h, k, wpos[static_cast<size_t>(t)], &hd.key_codes[kc0 + static_cast<size_t>(t) * kcb], &kg);
+        codecs_->encode_key(l, h, k, pos, &hd.key_codes[kc0 + static_cast<size_t>(t) * kcb], &kg);
         codecs_->encode_value(l, h, v, &hd.value_codes[vc0 + static_cast<size_t>(t) * vcb], &vg);
         if (k_gain) hd.key_gains[kg0 + static_cast<size_t>(t)] = kg;
         if (v_gain) hd.value_gains[vg0 + static_cast<size_t>(t)] = vg;
       }
-      hd.window_keys.erase(hd.window_keys.begin(), hd.window_keys.begin() + move * d);
-      hd.window_values.erase(hd.window_values.begin(), hd.window_values.begin() + move * d);
+      hd.window_keys.erase(hd.window_keys.begin() + p * d, hd.window_keys.begin() + (p + move) * d);
+      hd.window_values.erase(hd.window_values.begin() + p * d, hd.window_values.begin() + (p + move) * d);
     }
     auto& pos = ld.positions[s];
-    pos.insert(pos.end(), wpos.begin(), wpos.begin() + move);
-    ld.window_positions[s].erase(ld.window_positions[s].begin(), ld.window_positions[s].begin() + move);
+    pos.insert(pos.end(), wpos.begin() + p, wpos.begin() + p + move);
+    ld.window_positions[s].erase(ld.window_positions[s].begin() + p, ld.window_positions[s].begin() + p + move);
   }
+}
+
+void CompressedKV::key_mean_at(int l, int h, int32_t position, float* mu) const {
+  const auto& L = layout();
+  const auto& km = layers_[static_cast<size_t>(l)].heads[static_cast<size_t>(h)].key_mean;
+  for (int i = 0; i < L.head_dim; ++i) mu[i] = km.empty() ? 0.f : fp16_bits_to_float(km[static_cast<size_t>(i)]);
+  if (!km.empty() && L.keys_pre_rope) codecs_->apply_rope_fast(mu, position);
 }
 
 namespace {
@@ -339,6 +373,16 @@ void CompressedKV::attend(int l, const float* q, int32_t position, float* out) c
     const bool rotated_dot = !k_fp16 && !L.keys_pre_rope;
     if (rotated_dot)
       for (int g = 0; g < G; ++g) codecs_->rotation(l, h, 0).forward(qh + g * d, &q_rot[static_cast<size_t>(g * d)]);
+    // Centred keys: k = μ + k̂'. Pre-RoPE: μ is added before RoPE is re-applied; post-RoPE: q·μ is
+    // one extra dot per query head.
+    float kmu[512], vmu[512];
+    std::vector<float> q_dot_mu(static_cast<size_t>(G));
+    const bool k_centred = !hd.key_mean.empty(), v_centred = !hd.value_mean.empty();
+    for (int i = 0; i < d; ++i) {
+      kmu[i] = k_centred ? fp16_bits_to_float(hd.key_mean[static_cast<size_t>(i)]) : 0.f;
+      vmu[i] = v_centred ? fp16_bits_to_float(hd.value_mean[static_cast<size_t>(i)]) : 0.f;
+    }
+    for (int g = 0; g < G; ++g) q_dot_mu[static_cast<size_t>(g)] = k_centred && rotated_dot ? dot(qh + g * d, kmu, d) : 0.f;
     // Keys: coded part.
     if (k_fp16) {
       for (int64_t t = 0; t < nc; ++t) {
@@ -353,9 +397,11 @@ void CompressedKV::attend(int l, const float* q, int32_t position, float* out) c
           quant::decode_vector<Code>(&hd.key_codes[static_cast<size_t>(t) * kcb], hd.key_gains[static_cast<size_t>(t)], d, kbuf);
           if (rotated_dot) {
             for (int g = 0; g < G; ++g)
-              logits[static_cast<size_t>(g * n + t)] = dot(&q_rot[static_cast<size_t>(g * d)], kbuf, d) * scale;
+              logits[static_cast<size_t>(g * n + t)] = (dot(&q_rot[static_cast<size_t>(g * d)], kbuf, d) + q_dot_mu[static_cast<size_t>(g)]) * scale;
           } else {
             rot.inverse(kbuf, kbuf);
+            if (k_centred)
+              for (int i = 0; i < d; ++i) kbuf[i] += kmu[i];
             codecs_->apply_rope_fast(kbuf, pos[static_cast<size_t>(t)]);
             for (int g = 0; g < G; ++g) logits[static_cast<size_t>(g * n + t)] = dot(qh + g * d, kbuf, d) * scale;
           }
@@ -402,7 +448,10 @@ void CompressedKV::attend(int l, const float* q, int32_t position, float* out) c
       float* o = out + (static_cast<size_t>(h) * G + g) * d;
       if (!v_fp16 && nc > 0) {
         codecs_->rotation(l, h, 1).inverse(&acc_rot[static_cast<size_t>(g * d)], o);
-        for (int i = 0; i < d; ++i) o[i] += acc[static_cast<size_t>(g * d + i)];
+        float coded_mass = 0.f;  // Σ p over coded tokens: weight of the value mean
+        if (v_centred)
+          for (int64_t t = 0; t < nc; ++t) coded_mass += logits[static_cast<size_t>(g * n + t)];
+        for (int i = 0; i < d; ++i) o[i] += acc[static_cast<size_t>(g * d + i)] + coded_mass * vmu[i];
       } else {
         for (int i = 0; i < d; ++i) o[i] = acc[static_cast<size_t>(g * d + i)];
       }
@@ -425,17 +474,36 @@ CompactHead CompressedKV::decompress_head(int l, int h) const {
   const size_t n = out.positions.size();
   out.keys.resize(n * d);
   out.values.resize(n * d);
+  float mu[512];
   for (size_t t = 0; t < pos.size(); ++t) {
     codecs_->decode_key(l, h, &hd.key_codes[t * kcb], hd.key_gains.empty() ? 0 : hd.key_gains[t], pos[t], &out.keys[t * d]);
     codecs_->decode_value(l, h, &hd.value_codes[t * vcb], hd.value_gains.empty() ? 0 : hd.value_gains[t],
                           &out.values[t * d]);
+    if (!hd.key_mean.empty()) {
+      key_mean_at(l, h, pos[t], mu);
+      for (int i = 0; i < d; ++i) out.keys[t * d + i] += mu[i];
+    }
+    for (size_t i = 0; i < hd.value_mean.size(); ++i) out.values[t * d + i] += fp16_bits_to_float(hd.value_mean[i]);
   }
   for (size_t t = 0; t < wpos.size(); ++t)
     for (int i = 0; i < d; ++i) {
       out.keys[(pos.size() + t) * d + i] = fp16_bits_to_float(hd.window_keys[t * d + i]);
       out.values[(pos.size() + t) * d + i] = fp16_bits_to_float(hd.window_values[t * d + i]);
     }
-  return out;
+  // Pinned sinks sit at the front of the window: order everything by position.
+  std::vector<size_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return out.positions[a] < out.positions[b]; });
+  CompactHead sorted;
+  sorted.positions.resize(n);
+  sorted.keys.resize(n * d);
+  sorted.values.resize(n * d);
+  for (size_t i = 0; i < n; ++i) {
+    sorted.positions[i] = out.positions[order[i]];
+    std::copy(&out.keys[order[i] * d], &out.keys[order[i] * d] + d, &sorted.keys[i * d]);
+    std::copy(&out.values[order[i] * d], &out.values[order[i] * d] + d, &sorted.values[i * d]);
+  }
+  return sorted;
 }
 
 DenseLayer CompressedKV::decompress_layer(int l) const {

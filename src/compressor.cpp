@@ -115,12 +115,16 @@ Config Config::parse(const std::string& spec) {
     else if (key == "residual") c.residual_length = to_int(key, v);
     else if (key == "flush") c.flush_block = to_int(key, v);
     else if (key == "per_head") c.per_head_selection = to_bool(key, v);
+    else if (key == "fp16_sinks") c.fp16_sinks = to_bool(key, v);
+    else if (key == "center") c.center = to_bool(key, v);
+    else if (key == "mean_tokens") c.mean_tokens = to_int(key, v);
     else if (key == "gqa") c.gqa_aggregation = v == "max" ? select::Aggregation::kMax : (v == "mean" ? select::Aggregation::kMean : throw Error("config field 'gqa': '" + v + "' (accepted: mean, max)"));
     else if (key == "seed") c.rotation_seed = static_cast<uint64_t>(std::stoull(v));
     else
       throw Error("config field '" + key +
                   "' is unknown; accepted: preset, key, value, evict, sinks, recent, scorer, window, pool, protect, "
-                  "rope, key_gain, value_gain, key_scale, value_scale, residual, flush, per_head, gqa, seed");
+                  "rope, key_gain, value_gain, key_scale, value_scale, residual, flush, per_head, fp16_sinks, center, "
+                  "mean_tokens, gqa, seed");
   }
   return c;
 }
@@ -136,6 +140,7 @@ void Config::validate(const ModelShape& shape) const {
   require(protect_boundary >= 0, "Config.protect_boundary must be >= 0");
   require(residual_length >= 0, "Config.residual_length must be >= 0");
   require(flush_block >= 1, "Config.flush_block must be >= 1");
+  require(mean_tokens >= 1, "Config.mean_tokens must be >= 1");
   require(key_scale > 0.f && std::isfinite(key_scale), "Config.key_scale must be positive");
   require(value_scale > 0.f && std::isfinite(value_scale), "Config.value_scale must be positive");
   require(layer_rates.empty() || static_cast<int>(layer_rates.size()) == shape.n_layers,
@@ -162,7 +167,8 @@ std::string Config::describe() const {
     << ",protect=" << protect_boundary << ",rope=" << (keys_pre_rope ? "pre" : "post")
     << ",key_gain=" << quant::to_string(key_gain) << ",value_gain=" << quant::to_string(value_gain)
     << ",key_scale=" << key_scale << ",value_scale=" << value_scale << ",residual=" << residual_length
-    << ",flush=" << flush_block << ",per_head=" << (per_head_selection ? 1 : 0);
+    << ",flush=" << flush_block << ",per_head=" << (per_head_selection ? 1 : 0)
+    << ",fp16_sinks=" << (fp16_sinks ? 1 : 0) << ",center=" << (center ? 1 : 0) << ",mean_tokens=" << mean_tokens;
   return s.str();
 }
 
@@ -191,6 +197,8 @@ KVCompressor::KVCompressor(const ModelShape& shape, const Config& config) : shap
   L.per_head_positions = config_.per_head_selection;
   L.residual_length = config_.residual_length;
   L.flush_block = config_.flush_block;
+  L.center = config_.center;
+  L.mean_tokens = config_.mean_tokens;
   L.softmax_scale = config_.softmax_scale;
   codecs_ = std::make_shared<const CacheCodecs>(std::move(L));
 }
@@ -307,6 +315,11 @@ void KVCompressor::extend(CompressedKV& cache, const SequenceKV& chunk, const st
         }
       }
     }
+    // The first chunk's sink tokens stay in fp16 at the front of the window for good: they draw
+    // most of the attention, so their logit errors cost the most.
+    if (first_chunk && config_.fp16_sinks)
+      for (int64_t t : sets[0])
+        if (t < config_.sinks) ++ld.pinned;
     ld.original_tokens += n;
     cache.flush(l);
   }

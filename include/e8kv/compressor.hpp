@@ -71,6 +71,9 @@ struct Config {
   // Residual fp16 window for appended tokens, flushed into codes in whole blocks.
   int residual_length = 0;  ///< tokens always left in fp16 after a flush
   int flush_block = 16;     ///< tokens coded per flush (a page of the GPU cache)
+  bool fp16_sinks = true;   ///< the first `sinks` tokens stay in fp16 (pinned in the window)
+  bool center = true;       ///< code k − μ and v − μ with per-(layer, head) fp16 means
+  int mean_tokens = 64;     ///< tokens the means are estimated from (coding waits for them)
 
   float softmax_scale = 0.f;  ///< scale of q·k; <= 0 means 1/sqrt(head_dim)
 
@@ -79,7 +82,7 @@ struct Config {
   static const char* preset_names();
   /// "preset=high,key=rvq3,value=e8p2,evict=0.6,sinks=4,recent=32,scorer=obs-window,window=32,
   ///  pool=7,protect=2,rope=pre|post,key_gain=norm,value_gain=ls,key_scale=1,value_scale=1,
-  ///  residual=0,flush=16,per_head=0,seed=..." — the preset (wherever it appears) is applied first,
+  ///  residual=0,flush=16,per_head=0,fp16_sinks=1,center=1,mean_tokens=64,seed=..." — the preset (wherever it appears) is applied first,
   /// so an explicit field always wins over the preset.
   static Config parse(const std::string& spec);
   /// Throws e8kv::Error naming the field and the accepted values.

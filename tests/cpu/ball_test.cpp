@@ -65,6 +65,16 @@ TEST(Ball, TablesMatchTheShellEnumeration) {
   EXPECT_EQ(Ball4::table().count, 10693);
 }
 
+TEST(Ball, SortingNetworkSortsEvery01Input) {
+  // 0-1 principle: a comparator network that sorts all 2^8 binary inputs sorts every input.
+  for (int m = 0; m < 256; ++m) {
+    int32_t v[8];
+    for (int i = 0; i < 8; ++i) v[i] = (m >> i) & 1;
+    e8kv::codebook::detail::sort_descending8(v);
+    for (int i = 1; i < 8; ++i) ASSERT_GE(v[i - 1], v[i]) << m;
+  }
+}
+
 // Every one of the 16,702,321 indices: a distinct ball point (the re-rank gives the index back),
 // in E8, within the norm bound; per-shell counts equal 240·σ3(m).
 TEST(Ball, Ball3IndexIsABijectionOnTheWholeBall) {

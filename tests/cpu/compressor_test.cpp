@@ -146,14 +146,16 @@ struct PresetBound {
 };
 
 TEST(Compressor, PresetsStayWithinTolerance) {
-  Fixture f(default_spec(101));
+  auto spec = default_spec(101);
+  spec.tokens = 640;  // enough that 80 % eviction still leaves tokens to code after the means
+  Fixture f(spec);
   const PresetBound bounds[] = {
-      // measured (seed 101): k4v2 0.296/0.0125, k3v2 0.339/0.0496, k2v2 0.380/0.165, high 0.339/0.0497,
-      // asym 0.340/0.0500, balanced 0.379/0.162, max 0.721/1.29. The synthetic cache has sharp
-      // attention (heavy hitters), so value errors do not average out.
-      {"quant-k4v2", 0.36, 0.020}, {"quant-k3v2", 0.40, 0.070}, {"quant-k2v2", 0.45, 0.22},
-      {"high", 0.40, 0.070},       {"asym", 0.42, 0.080},       {"balanced", 0.46, 0.22},
-      {"max", 0.90, 1.80},
+      // measured (seed 101, 640 tokens): k4v2 0.187/0.0049, k3v2 0.210/0.0285, k2v2 0.252/0.0709,
+      // high 0.218/0.0318, asym 0.209/0.0267, balanced 0.251/0.0701, max 0.258/0.0783. The
+      // synthetic cache has sharp attention (heavy hitters), so value errors do not average out.
+      {"quant-k4v2", 0.25, 0.008}, {"quant-k3v2", 0.28, 0.040}, {"quant-k2v2", 0.33, 0.095},
+      {"high", 0.29, 0.045},       {"asym", 0.28, 0.040},       {"balanced", 0.33, 0.095},
+      {"max", 0.34, 0.11},
   };
   double prev_kl = 0;
   for (const auto& b : bounds) {
@@ -169,6 +171,34 @@ TEST(Compressor, PresetsStayWithinTolerance) {
     }
     prev_kl = e.kl;
   }
+}
+
+TEST(Compressor, CentringAndFp16SinksReduceAttentionError) {
+  auto spec = default_spec(107);
+  spec.tokens = 400;
+  Fixture f(spec);
+  Config plain = Config::preset("quant-k2v2");
+  plain.center = false;
+  plain.fp16_sinks = false;
+  Config centred = plain;
+  centred.center = true;
+  Config both = centred;
+  both.fp16_sinks = true;
+  const Errors e0 = measure(f, plain), e1 = measure(f, centred), e2 = measure(f, both);
+  std::printf("plain kl %.5f, centred %.5f, centred + fp16 sinks %.5f\n", e0.kl, e1.kl, e2.kl);
+  EXPECT_LT(e1.kl, 0.8 * e0.kl);
+  // Synthetic sinks are ordinary tokens, so pinning them changes little here (the real-model
+  // evaluation measures it); it must not undo the centring gain.
+  EXPECT_LT(e2.kl, 0.8 * e0.kl);
+  // The sinks are pinned in the window: fp16 and exact.
+  KVCompressor c(f.shape, both);
+  const auto cache = c.compress(f.seq);
+  EXPECT_EQ(cache.layer(0).pinned, 4);
+  const auto ch = cache.decompress_head(0, 1);
+  for (int t = 0; t < 4; ++t)
+    for (int i = 0; i < spec.head_dim; ++i)
+      EXPECT_EQ(ch.keys[t * spec.head_dim + i],
+                fp16_bits_to_float(float_to_fp16_bits(f.data.keys[0][(t * spec.n_kv_heads + 1) * spec.head_dim + i])));
 }
 
 TEST(Compressor, PostRopeStorageAlsoWorks) {
@@ -395,19 +425,23 @@ TEST(Compressor, BytesEqualHandComputedFormula) {
   KVCompressor c(f.shape, cfg);
   const auto cache = c.compress(f.seq);
   const int L = spec.n_layers, H = spec.n_kv_heads, d = spec.head_dim;
-  const int coded = 192, window = 8;  // 200 = 12 blocks of 16 + 8 in the window
+  // 200 tokens: 4 pinned fp16 sinks, then 196 >= mean_tokens (64) flushable: 12 blocks of 16 are
+  // coded and 4 stay in the window beside the sinks.
+  const int coded = 192, window = 8;
   const size_t codes = size_t(L) * H * coded * (d / 8 * 3 + d / 8 * 2);
   const size_t gains = size_t(L) * H * coded * 2 * 2;
   const size_t win = size_t(L) * H * window * d * 2 * 2;
   const size_t positions = size_t(L) * 8;  // contiguous: (start, count) per layer
+  const size_t means = size_t(L) * H * 2 * d * 2;  // fp16 key and value mean per (layer, head)
   const size_t descriptor = 96 + 4 * L;
   const auto b = cache.byte_breakdown();
   EXPECT_EQ(b.codes, codes);
   EXPECT_EQ(b.gains, gains);
   EXPECT_EQ(b.window, win);
   EXPECT_EQ(b.positions, positions);
+  EXPECT_EQ(b.means, means);
   EXPECT_EQ(b.descriptor, descriptor);
-  EXPECT_EQ(cache.bytes(), codes + gains + win + positions + descriptor);
+  EXPECT_EQ(cache.bytes(), codes + gains + win + positions + means + descriptor);
   const double fp16 = double(L) * H * spec.tokens * d * 2 * 2;
   EXPECT_DOUBLE_EQ(cache.compression_ratio(), fp16 / cache.bytes());
   // With eviction the positions are no longer contiguous: 4 bytes each.

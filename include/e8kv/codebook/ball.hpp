@@ -68,11 +68,24 @@ inline constexpr float kBallInputLimit = 65536.0f;
 inline constexpr int kBall3LeaderCount = 305;
 inline constexpr int kBall4LeaderCount = 10693;
 
+/// C(n, 0..8) packed 7 bits per entry (all are ≤ 70), evaluated at compile time.
+E8KV_HD constexpr uint64_t packed_binomial_row(int n) {
+  uint64_t row = 0, c = 1;
+  for (int k = 0; k <= n; ++k) {
+    row |= c << (7 * k);
+    c = c * static_cast<uint64_t>(n - k) / static_cast<uint64_t>(k + 1);
+  }
+  return row;
+}
+
+/// C(n, k) for 0 ≤ n, k ≤ 8 (0 when k > n), from constants: no table in memory, no division.
 E8KV_HD E8KV_FORCE_INLINE uint32_t small_binomial(int n, int k) {
-  if (k < 0 || k > n) return 0;
-  uint32_t r = 1;
-  for (int i = 1; i <= k; ++i) r = r * static_cast<uint32_t>(n - k + i) / static_cast<uint32_t>(i);
-  return r;
+  constexpr uint64_t r0 = packed_binomial_row(0), r1 = packed_binomial_row(1), r2 = packed_binomial_row(2);
+  constexpr uint64_t r3 = packed_binomial_row(3), r4 = packed_binomial_row(4), r5 = packed_binomial_row(5);
+  constexpr uint64_t r6 = packed_binomial_row(6), r7 = packed_binomial_row(7), r8 = packed_binomial_row(8);
+  const uint64_t row = n <= 3 ? (n <= 1 ? (n == 0 ? r0 : r1) : (n == 2 ? r2 : r3))
+                              : n <= 5 ? (n == 4 ? r4 : r5) : (n == 6 ? r6 : (n == 7 ? r7 : r8));
+  return static_cast<uint32_t>((row >> (7 * k)) & 127u);
 }
 
 /// Key of a leader (descending twice values, each ≤ 31).
@@ -96,29 +109,30 @@ E8KV_HD E8KV_FORCE_INLINE int32_t ball_key_norm4(uint64_t key) {
   return static_cast<int32_t>(key >> (8 * kBallKeyValueBits));
 }
 
-/// Sorts 8 values in descending order (insertion sort; 8 elements).
+/// Sorts 8 values in descending order with a 19-comparator network (Knuth, TAOCP 5.3.4): no
+/// data-dependent branches.
 E8KV_HD E8KV_FORCE_INLINE void sort_descending8(int32_t v[8]) {
-  for (int i = 1; i < 8; ++i) {
-    const int32_t x = v[i];
-    int j = i - 1;
-    while (j >= 0 && v[j] < x) {
-      v[j + 1] = v[j];
-      --j;
-    }
-    v[j + 1] = x;
+  constexpr int kPairs[19][2] = {{0, 1}, {2, 3}, {4, 5}, {6, 7}, {0, 2}, {1, 3}, {4, 6}, {5, 7}, {1, 2}, {5, 6},
+                                 {0, 4}, {3, 7}, {1, 5}, {2, 6}, {1, 4}, {3, 6}, {2, 4}, {3, 5}, {3, 4}};
+  for (const auto& pair : kPairs) {
+    const int32_t a = v[pair[0]], b = v[pair[1]];
+    v[pair[0]] = a > b ? a : b;
+    v[pair[1]] = a > b ? b : a;
   }
 }
 
 /// Leader position of `key`, or -1 when it is not a leader of the ball.
 E8KV_HD inline int32_t find_ball_leader(const BallTableView& t, uint64_t key) {
-  int32_t lo = 0, hi = t.count;  // first index with keys[i] >= key
-  while (lo < hi) {
-    const int32_t mid = lo + (hi - lo) / 2;
-    if (t.keys[mid] < key)
-      lo = mid + 1;
-    else
-      hi = mid;
+  if (t.count <= 0) return -1;
+  // Branch-free lower bound (the first index with keys[i] >= key): the answer stays in
+  // [base, base + n] while n halves.
+  int32_t base = 0, n = t.count;
+  while (n > 1) {
+    const int32_t half = n / 2;
+    base = t.keys[base + half] < key ? base + half : base;
+    n -= half;
   }
+  const int32_t lo = base + (t.keys[base] < key ? 1 : 0);
   return (lo < t.count && t.keys[lo] == key) ? lo : -1;
 }
 
@@ -167,10 +181,11 @@ E8KV_HD inline uint32_t ball_rank(const BallTableView& t, const int32_t twice[8]
     int seen = 0, kept = 0;
     for (int j = 0; j < free_count; ++j) {
       const int32_t p = free_positions[j];
-      if (abs_values[p] == v)
-        digit += small_binomial(j, ++seen);
-      else
-        free_positions[kept++] = p;
+      const bool match = abs_values[p] == v;
+      seen += match ? 1 : 0;
+      digit += match ? small_binomial(j, seen) : 0u;
+      free_positions[kept] = p;  // kept only when not a match
+      kept += match ? 0 : 1;
     }
     rank += digit * radix;
     radix *= small_binomial(free_count, m);
@@ -185,13 +200,12 @@ E8KV_HD inline uint32_t ball_rank(const BallTableView& t, const int32_t twice[8]
 E8KV_HD inline void ball_unrank(const BallTableView& t, uint32_t index, int32_t twice[8]) {
   for (int i = 0; i < 8; ++i) twice[i] = 0;
   if (t.count <= 0 || index >= t.offsets[t.count]) return;
-  int32_t lo = 0, hi = t.count - 1;  // last leader with offsets[leader] <= index
-  while (lo < hi) {
-    const int32_t mid = lo + (hi - lo + 1) / 2;
-    if (t.offsets[mid] <= index)
-      lo = mid;
-    else
-      hi = mid - 1;
+  // Branch-free search for the last leader with offsets[leader] <= index (offsets[0] = 0).
+  int32_t lo = 0, n = t.count;
+  while (n > 1) {
+    const int32_t half = n / 2;
+    lo = t.offsets[lo + half] <= index ? lo + half : lo;
+    n -= half;
   }
   int32_t desc[8];
   ball_leader_from_key(t.keys[lo], desc);
@@ -220,9 +234,9 @@ E8KV_HD inline void ball_unrank(const BallTableView& t, uint32_t index, int32_t 
     uint32_t digit = rank % radix;
     rank /= radix;
     bool chosen[8] = {};
-    for (int c = m; c >= 1; --c) {  // colex unrank: largest j with C(j, c) ≤ digit
-      int j = c - 1;
-      while (j + 1 < free_count && small_binomial(j + 1, c) <= digit) ++j;
+    for (int c = m; c >= 1; --c) {  // colex unrank: largest j < free_count with C(j, c) ≤ digit
+      int j = c - 1;                  // C(j, c) increases with j ≥ c − 1: count the ones that fit
+      for (int jj = c; jj < 8; ++jj) j += (jj < free_count && small_binomial(jj, c) <= digit) ? 1 : 0;
       chosen[j] = true;
       digit -= small_binomial(j, c);
     }
@@ -294,9 +308,9 @@ E8KV_HD inline void ball_nearest_by_leaders(const BallTableView& t, const float 
       shell_norm4 = norm4;
       const float n = static_cast<float>(norm4) * 0.25f;
       if (n < norm2) {
-        const float bound = 2.0f * norm * sqrtf(n) - n;
-        const float margin = 1e-3f * (1.0f + norm2 + n);
-        if (bound < best - margin) break;  // smaller shells are bounded lower still
+        const float bound = fp::add(fp::mul(2.0f * norm, sqrtf(n)), -n);
+        const float margin = 1e-3f * fp::add(fp::add(1.0f, norm2), n);
+        if (bound < fp::add(best, -margin)) break;  // smaller shells are bounded lower still
       }
     }
     int32_t desc[8];
