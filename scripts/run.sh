@@ -1,14 +1,31 @@
 #!/usr/bin/env bash
-# The main job on its built-in default: the rate-distortion bench e8kv-rd on i.i.d. Gaussian
-# blocks (200,000, seed 1) and synthetic KV head vectors, writing CSV and SVG under build/results/.
-# Extra arguments go to e8kv-rd (e.g. --source npy:keys.npy).
+# The main job on its built-in default: the real-model evaluation `e8kv-eval --quick`
+# (SmolLM2-135M-Instruct and two corpora, fetched on first use into ~/.cache/e8kv), then the
+# rate-distortion bench `e8kv-rd` on Gaussian blocks and synthetic KV. Results under build/results/.
+#   scripts/run.sh                  quick evaluation + rate-distortion (a few minutes on 2 cores)
+#   scripts/run.sh eval [ARGS...]   e8kv-eval with ARGS (e.g. the full default run: no ARGS)
+#   scripts/run.sh rd [ARGS...]     e8kv-rd with ARGS (e.g. --source npy:keys.npy)
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 bash "$E8KV_ROOT/scripts/setup.sh"
-E8KV_TARGETS=(e8kv-rd)
-configure_and_build
 out="$E8KV_ROOT/build/results"
 mkdir -p "$out"
-if [ $# -eq 0 ]; then set -- --source gaussian --source kv-synthetic --samples 200000 --seed 1; fi
-"$E8KV_BUILD/bench/rd/e8kv-rd" "$@" --csv "$out/rd.csv" --svg "$out/rd.svg"
-echo "CSV: $out/rd.csv   SVG: $out/rd.svg"
+mode="${1:-default}"
+[ $# -gt 0 ] && shift
+case "$mode" in
+  default|eval|rd) ;;
+  *) echo "usage: scripts/run.sh [eval|rd] [ARGS...]" >&2; exit 2 ;;
+esac
+E8KV_TARGETS=(e8kv-rd e8kv-eval)
+configure_and_build -DE8KV_BUILD_EXAMPLES=ON
+if [ "$mode" = default ] || [ "$mode" = eval ]; then
+  bash "$E8KV_ROOT/scripts/fetch-data.sh" >&2
+  if [ "$mode" = default ]; then set -- --quick; fi
+  "$E8KV_BUILD/bench/eval/e8kv-eval" "$@" --csv "$out/eval.csv" --md "$out/eval.md"
+  echo "eval CSV: $out/eval.csv   markdown: $out/eval.md"
+fi
+if [ "$mode" = default ] || [ "$mode" = rd ]; then
+  if [ "$mode" = default ]; then set -- --source gaussian --source kv-synthetic --samples 200000 --seed 1; fi
+  "$E8KV_BUILD/bench/rd/e8kv-rd" "$@" --csv "$out/rd.csv" --svg "$out/rd.svg"
+  echo "rd CSV: $out/rd.csv   SVG: $out/rd.svg"
+fi

@@ -1,5 +1,5 @@
-// E8P and the fast-tier RVQ codes: decode and encode throughput (elements/s per core), beside
-// BM_Memcpy (lattice_bench.cpp) as the baseline.
+// E8P and the fast-tier RVQ codes: decode and encode throughput (elements/s per core), single
+// blocks and host batches (encode_batch), beside BM_Memcpy (lattice_bench.cpp) as the baseline.
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
@@ -10,6 +10,7 @@
 #include "e8kv/codebook/rvq.hpp"
 
 namespace {
+using e8kv::codebook::E81B;
 using e8kv::codebook::E8P;
 using e8kv::codebook::Rvq3;
 using e8kv::codebook::Rvq4;
@@ -93,6 +94,49 @@ void BM_E8pEncodeFallbackOnly(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * in.size());
 }
 
+/// Code::encode_batch over the same blocks (vectorized on the host; the same indices as encode).
+template <class Code>
+void BM_EncodeBatch(benchmark::State& state) {
+  const auto in = gaussian_blocks(kBlocks, 12);
+  std::vector<uint32_t> idx(kBlocks);
+  for (auto _ : state) {
+    Code::encode_batch(in.data(), kBlocks, idx.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(state.iterations() * in.size());
+}
+
+#if E8KV_HOST_VECTORS
+/// The batch on 128-bit vectors only (what a CPU without AVX2 runs).
+void BM_E8pEncodeBatchSse2(benchmark::State& state) {
+  const auto in = gaussian_blocks(kBlocks, 12);
+  std::vector<uint32_t> idx(kBlocks);
+  for (auto _ : state) {
+    e8kv::codebook::e8p_detail::encode_batch_portable(in.data(), E8P::kInputScale, kBlocks, idx.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(state.iterations() * in.size());
+}
+BENCHMARK(BM_E8pEncodeBatchSse2);
+#endif
+
+/// E81B on Rvq3-like residuals (Gaussian, σ ≈ 0.6 in lattice units).
+template <bool kBatch>
+void BM_E81bEncode(benchmark::State& state) {
+  auto in = gaussian_blocks(kBlocks, 14);
+  for (float& v : in) v *= 0.6f;
+  std::vector<uint32_t> idx(kBlocks);
+  for (auto _ : state) {
+    if (kBatch) {
+      E81B::encode_batch(in.data(), kBlocks, idx.data());
+    } else {
+      for (size_t b = 0; b < kBlocks; ++b) idx[b] = E81B::encode(&in[8 * b]);
+    }
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(state.iterations() * in.size());
+}
+
 BENCHMARK_TEMPLATE(BM_Decode, E8P)->Name("BM_E8pDecode");
 BENCHMARK(BM_E8pDecodeLattice);
 BENCHMARK(BM_E8pEncodeWithHitRate)->Name("BM_E8pEncode");
@@ -101,4 +145,9 @@ BENCHMARK_TEMPLATE(BM_Encode, Rvq3)->Name("BM_Rvq3Encode");
 BENCHMARK_TEMPLATE(BM_Decode, Rvq3)->Name("BM_Rvq3Decode");
 BENCHMARK_TEMPLATE(BM_Encode, Rvq4)->Name("BM_Rvq4Encode");
 BENCHMARK_TEMPLATE(BM_Decode, Rvq4)->Name("BM_Rvq4Decode");
+BENCHMARK_TEMPLATE(BM_EncodeBatch, E8P)->Name("BM_E8pEncodeBatch");
+BENCHMARK_TEMPLATE(BM_EncodeBatch, Rvq3)->Name("BM_Rvq3EncodeBatch");
+BENCHMARK_TEMPLATE(BM_EncodeBatch, Rvq4)->Name("BM_Rvq4EncodeBatch");
+BENCHMARK_TEMPLATE(BM_E81bEncode, false)->Name("BM_E81bEncode");
+BENCHMARK_TEMPLATE(BM_E81bEncode, true)->Name("BM_E81bEncodeBatch");
 }  // namespace

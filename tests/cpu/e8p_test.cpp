@@ -485,3 +485,189 @@ TEST(E8P, EdgeBatchSizes) {
 }
 
 }  // namespace
+
+// ---- the certified class search and the batched host paths ---------------------------------------
+
+namespace certified {
+
+// The reference steps that define the encoder: the fast path, else the exhaustive search
+// (the per-pattern device loop), on the sanitized input.
+uint32_t reference(const float* z) {
+  float zs[8];
+  for (int i = 0; i < 8; ++i) zs[i] = std::isnan(z[i]) ? 0.f : std::max(-4096.f, std::min(4096.f, z[i]));
+  uint32_t index = 0;
+  if (detail::fast_path(zs, &index)) return index;
+  return detail::search_generic(zs);
+}
+
+// Input families in lattice units, the hard ones included: Gaussian at many spreads, grid points
+// (exact ties), codewords and midpoints of two nearby codewords plus tiny noise (near-ties),
+// huge and clamped values, tiny values.
+std::vector<std::array<float, 8>> inputs(uint64_t seed, int per_family) {
+  auto rng = e8kv::test::seeded_rng(seed);
+  std::normal_distribution<float> g(0.f, 1.f);
+  std::uniform_int_distribution<int> grid(-12, 12);
+  std::uniform_int_distribution<uint32_t> any_index(0, 65535);
+  std::uniform_int_distribution<int> coordinate(0, 7);
+  std::vector<std::array<float, 8>> out;
+  for (int family = 0; family < 9; ++family) {
+    for (int n = 0; n < per_family; ++n) {
+      std::array<float, 8> z{};
+      switch (family) {
+        case 0: case 1: case 2: {  // Gaussian at the code's scale and far from it
+          const float spread = family == 0 ? 1.03f : family == 1 ? 0.2f : (n % 2 ? 4.f : 40.f);
+          for (float& v : z) v = g(rng) * spread;
+          break;
+        }
+        case 3:  // grid of ¼ and ⅛ steps: exact ties
+          for (float& v : z) v = grid(rng) * (n % 2 ? 0.25f : 0.125f);
+          break;
+        case 4: {  // a codeword plus tiny noise
+          E8P::decode_lattice(any_index(rng), z.data());
+          for (float& v : z) v += g(rng) * 1e-5f;
+          break;
+        }
+        case 5: {  // midpoint of a codeword and a codeword near it (found by moving one or two
+                   // coordinates), with noise of either sign around the tie
+          float c[8], d[8], moved[8];
+          E8P::decode_lattice(any_index(rng), c);
+          for (int i = 0; i < 8; ++i) moved[i] = c[i];
+          moved[coordinate(rng)] += (n % 2 ? 1.f : -1.f);
+          if (n % 3 == 0) moved[coordinate(rng)] += 0.5f;
+          E8P::decode_lattice(E8P::encode_lattice(moved), d);
+          const float noise = n % 4 == 0 ? 0.f : 1e-6f * static_cast<float>(n % 7 - 3);
+          for (int i = 0; i < 8; ++i) z[i] = 0.5f * (c[i] + d[i]) + noise * g(rng);
+          break;
+        }
+        case 6:  // huge values, clamped to ±4096
+          for (int i = 0; i < 8; ++i) z[i] = g(rng) * (i % 3 == 0 ? 1e4f : 3.f);
+          break;
+        case 7:  // tiny values and zeros
+          for (int i = 0; i < 8; ++i) z[i] = (n + i) % 3 == 0 ? 0.f : g(rng) * 1e-7f;
+          break;
+        default: {  // one large coordinate on Gaussian: patterns with 5/2 and norm 12
+          for (float& v : z) v = g(rng) * 1.03f;
+          z[coordinate(rng)] = (n % 2 ? 1.f : -1.f) * (2.f + 2.f * std::fabs(g(rng)));
+          break;
+        }
+      }
+      out.push_back(z);
+    }
+  }
+  return out;
+}
+
+}  // namespace certified
+
+TEST(E8P, SortNetworkSortsEveryZeroOneInputAndRandomPermutations) {
+  // 0-1 principle: a comparator network sorts every input iff it sorts every 0/1 input.
+  for (int bits = 0; bits < 256; ++bits) {
+    float v[8];
+    for (int i = 0; i < 8; ++i) v[i] = static_cast<float>((bits >> i) & 1);
+    detail::sort_descending(v);
+    for (int i = 0; i < 7; ++i) ASSERT_GE(v[i], v[i + 1]) << bits;
+  }
+  auto rng = e8kv::test::seeded_rng(11);
+  std::normal_distribution<float> g(0.f, 1.f);
+  for (int n = 0; n < 1000; ++n) {
+    float v[8], w[8];
+    for (int i = 0; i < 8; ++i) w[i] = v[i] = std::fabs(g(rng));
+    detail::sort_descending(v);
+    std::sort(w, w + 8, [](float a, float b) { return a > b; });
+    for (int i = 0; i < 8; ++i) ASSERT_EQ(v[i], w[i]);
+  }
+#if E8KV_HOST_VECTORS
+  // The vector copy of the network (4 lanes: every lane is an independent sort).
+  using Ops = detail::vec::Ops<4>;
+  for (int bits = 0; bits < 256; bits += 4) {
+    Ops::F v[8];
+    for (int i = 0; i < 8; ++i)
+      for (int k = 0; k < 4; ++k) v[i].v[k] = static_cast<float>(((bits + k) >> i) & 1);
+    Ops::sort_descending(v);
+    for (int k = 0; k < 4; ++k)
+      for (int i = 0; i < 7; ++i) ASSERT_GE(v[i].v[k], v[i + 1].v[k]) << bits + k;
+  }
+#endif
+}
+
+TEST(E8P, NormTwelveSetsMatchThePatternTable) {
+  for (int n = 0; n < 29; ++n) {
+    const auto& set = detail::kHostNormTwelveSets.set[n];
+    const int id = detail::pattern_id(set.key);
+    ASSERT_GE(id, 0) << n;
+    const Twice t = pattern_of(id);
+    ASSERT_EQ(norm4(t), 48) << n;
+    for (int k = 0; k < 3; ++k) ASSERT_EQ(t[set.half[k]], 1) << n;
+  }
+}
+
+TEST(E8P, CertifiedRouteEqualsTheReferenceSteps) {
+  // encode_lattice takes the certified class search first; whatever the route, the index must
+  // be what the fast path + exhaustive search return, ties and near-ties included.
+  const auto in = certified::inputs(31415, 4000);
+  int certified_count = 0, family_certified[9] = {};
+  for (size_t k = 0; k < in.size(); ++k) {
+    const float* z = in[k].data();
+    const uint32_t expect = certified::reference(z);
+    ASSERT_EQ(E8P::encode_lattice(z), expect) << "input " << k;
+    float zs[8];
+    for (int i = 0; i < 8; ++i) zs[i] = e8kv::fp::sanitize(z[i], E8P::kMaxLatticeAbs);
+    uint32_t index = 0;
+    if (detail::certified_search(zs, &index)) {
+      ASSERT_EQ(index, expect) << "certified, input " << k;
+      ++certified_count;
+      ++family_certified[k / 4000];
+    }
+  }
+  std::printf("[info] certified %d of %zu; per family:", certified_count, in.size());
+  for (int f : family_certified) std::printf(" %d", f);
+  std::printf("\n");
+  EXPECT_GT(family_certified[0], 0.98 * 4000);  // Gaussian at the code's scale: nearly all
+  EXPECT_LT(family_certified[3], 4000);         // exact ties must fall back
+}
+
+TEST(E8P, BatchPathsEqualSingleBlocks) {
+  const auto in = certified::inputs(2718, 300);
+  std::vector<float> flat;
+  for (const auto& z : in) flat.insert(flat.end(), z.begin(), z.end());
+#if E8KV_X86_DISPATCH
+  const bool avx2 = e8kv::codebook::e8p_detail::cpu_has_avx2();
+#else
+  const bool avx2 = false;
+#endif
+  std::printf("[info] AVX2 path %s\n", avx2 ? "tested" : "not available on this CPU");
+  // Windows of the inputs, of sizes around the vector widths 4 and 8 and large.
+  for (size_t count : {size_t(0), size_t(1), size_t(3), size_t(4), size_t(5), size_t(7), size_t(8), size_t(9),
+                       size_t(31), in.size()}) {
+    for (size_t start : {size_t(0), in.size() / 3, in.size() - count}) {
+      if (start + count > in.size()) continue;
+      const float* x = flat.data() + 8 * start;
+      std::vector<uint32_t> a(count + 1, 0xDEADBEEFu), b(count + 1, 0xDEADBEEFu), c(count + 1, 0xDEADBEEFu),
+          d(count + 1, 0xDEADBEEFu);
+      E8P::encode_batch(x, count, a.data());
+      E8P::encode_lattice_batch(x, count, b.data());
+      detail::encode_batch_portable(x, E8P::kInputScale, count, c.data());
+#if E8KV_X86_DISPATCH
+      if (avx2) detail::encode_batch_avx2(x, E8P::kInputScale, count, d.data());
+#endif
+      for (size_t k = 0; k < count; ++k) {
+        ASSERT_EQ(a[k], E8P::encode(x + 8 * k)) << count << " " << start + k;
+        ASSERT_EQ(b[k], E8P::encode_lattice(x + 8 * k)) << count << " " << start + k;
+        ASSERT_EQ(c[k], a[k]) << "portable " << count << " " << start + k;
+        if (avx2) {
+          ASSERT_EQ(d[k], a[k]) << "avx2 " << count << " " << start + k;
+        }
+      }
+      ASSERT_EQ(a[count], 0xDEADBEEFu) << "wrote past the end";
+      ASSERT_EQ(c[count], 0xDEADBEEFu);
+      ASSERT_EQ(d[count], 0xDEADBEEFu);
+    }
+  }
+  // Non-finite input through the batches, as documented for encode.
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> odd = {nan, inf, -inf, 1e30f, -1e30f, 0.f, -0.f, 1.f, inf, inf, inf, inf, inf, inf, inf, inf};
+  std::vector<uint32_t> idx(2);
+  E8P::encode_batch(odd.data(), 2, idx.data());
+  EXPECT_EQ(idx[0], E8P::encode(odd.data()));
+  EXPECT_EQ(idx[1], E8P::encode(odd.data() + 8));
+}
