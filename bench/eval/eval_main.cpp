@@ -33,10 +33,10 @@ using namespace e8kv;
 
 struct Options {
   std::string model, text;
-  int ctx = 2048, cont = 256, chunks = 3, threads = 0;
-  bool quick = false, niah = true, ablations = true;
+  int ctx = 2048, cont = 128, chunks = 2, threads = 0;
+  bool quick = false, niah = true, ablations = false, verbose = false;
   std::vector<int> niah_sizes = {1024, 2048, 4096};
-  std::vector<double> niah_depths = {0.1, 0.3, 0.5, 0.7, 0.9};
+  std::vector<double> niah_depths = {0.1, 0.3, 0.5, 0.7, 0.9};  // --quick: 0.1, 0.5, 0.9
   std::string csv, md, dump_kv, only;
   uint64_t seed = 1234;
 };
@@ -275,7 +275,7 @@ void run_niah(const Options& o, const llama::Model& model, const std::vector<int
       std::vector<std::vector<int32_t>> answers(cfgs.size());
       std::vector<int32_t> next(cfgs.size(), ids.back());
       std::vector<char> finished(cfgs.size(), 0);
-      for (int step = 0; step < 10; ++step) {
+      for (int step = 0; step < 24; ++step) {  // "The secret number ... is NNNNNN." fits
         const std::vector<int64_t> positions(cfgs.size(), static_cast<int64_t>(ids.size()) - 1 + step);
         const auto logits = model.decode_batch(next, positions, ptrs);
         for (size_t i = 0; i < cfgs.size(); ++i) {
@@ -288,6 +288,9 @@ void run_niah(const Options& o, const llama::Model& model, const std::vector<int
       }
       for (size_t i = 0; i < cfgs.size(); ++i) {
         const std::string a = tok.decode(answers[i], true);
+        if (o.verbose)
+          std::fprintf(stderr, "\n[niah] size %d depth %.1f number %d %s answered '%s'\n", size, depth, number,
+                       cfgs[i].name.c_str(), a.c_str());
         acc[i].niah_hits += a.find(std::to_string(number)) != std::string::npos;
         acc[i].niah_total += 1;
       }
@@ -389,7 +392,7 @@ std::vector<int> parse_ints(const std::string& s) {
 int usage() {
   std::fprintf(stderr,
                "usage: e8kv-eval [--model F.gguf] [--text FILE] [--ctx 512|2048|4096] [--cont T] [--chunks N]\n"
-               "                 [--quick] [--no-niah] [--niah-sizes 1024,2048] [--no-ablations] [--only NAME,...]\n"
+               "                 [--quick] [--no-niah] [--niah-sizes 1024,2048] [--ablations] [--only NAME,...] [--verbose]\n"
                "                 [--csv FILE] [--md FILE] [--dump-kv DIR] [--threads N]\n"
                "defaults: the fetched SmolLM2-135M-Instruct and the two fetched corpora (scripts/fetch-data.sh)\n");
   return 2;
@@ -414,7 +417,8 @@ int main(int argc, char** argv) {
       else if (a == "--chunks") { o.chunks = std::stoi(next()); chunks_set = true; }
       else if (a == "--quick") o.quick = true;
       else if (a == "--no-niah") o.niah = false;
-      else if (a == "--no-ablations") o.ablations = false;
+      else if (a == "--ablations") o.ablations = true;
+      else if (a == "--verbose") o.verbose = true;
       else if (a == "--niah-sizes") o.niah_sizes = parse_ints(next());
       else if (a == "--only") o.only = next();
       else if (a == "--csv") o.csv = next();
