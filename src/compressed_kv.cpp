@@ -414,7 +414,7 @@ void CompressedKV::attend(int l, const float* q, int32_t position, float* out) c
       for (int i = 0; i < d; ++i) kbuf[i] = fp16_bits_to_float(hd.window_keys[static_cast<size_t>(t * d + i)]);
       for (int g = 0; g < G; ++g) logits[static_cast<size_t>(g * n + nc + t)] = dot(qh + g * d, kbuf, d) * scale;
     }
-    for (int g = 0; g < G; ++g) softmax_inplace(&logits[static_cast<size_t>(g * n)], n);
+    for (int g = 0; g < G; ++g) softmax_inplace(logits.data() + static_cast<size_t>(g) * n, n);
     // Values.
     std::fill(acc_rot.begin(), acc_rot.end(), 0.f);
     std::fill(acc.begin(), acc.end(), 0.f);

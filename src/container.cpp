@@ -30,7 +30,7 @@ namespace {
 // ---- format constants (docs/format.md) -----------------------------------------------------------
 
 constexpr size_t kPrefixBytes = 48;       // magic .. n_chunks, common to both kinds
-constexpr size_t kLayoutFixedBytes = 120;  // CacheLayout without the per-layer codecs
+constexpr size_t kLayoutFixedBytes = 128;  // CacheLayout without the per-layer codecs
 constexpr size_t kPlainFixedBytes = 40;
 constexpr size_t kDirectoryEntryBytes = 16;
 constexpr size_t kChunkHeaderBytes = 40;
@@ -364,6 +364,7 @@ void validate_layout(const CacheLayout& L) {
   check(std::isfinite(L.softmax_scale), "layout softmax_scale must be finite (<= 0 means 1/sqrt(head_dim))");
   check(L.residual_length >= 0, "layout residual_length must be >= 0, got " + snum(L.residual_length));
   check(L.flush_block >= 1, "layout flush_block must be >= 1, got " + snum(L.flush_block));
+  check(L.mean_tokens >= 1, "layout mean_tokens must be >= 1, got " + snum(L.mean_tokens));
   const auto& r = L.rope;
   check(static_cast<int>(r.layout) <= 1, "layout rope.layout id " + num(static_cast<int>(r.layout)) +
                                              " is unknown (accepted 0 split-half, 1 interleaved)");
@@ -406,6 +407,7 @@ int64_t chunks_for(int64_t tokens, int64_t chunk_tokens) { return (tokens + chun
 // Layer table entry as the writer and the reader see it.
 struct LayerCounts {
   int64_t original_tokens = 0;
+  int64_t pinned = 0;                  // leading window tokens of every set kept in fp16
   std::vector<int64_t> coded, window;  // per set
   int64_t first_chunk = 0, n_chunks = 0;
   int64_t max_stored() const {
@@ -415,17 +417,24 @@ struct LayerCounts {
   }
 };
 
-// Checks positions of one set: >= 0 and strictly increasing across coded then window.
-void check_positions(const std::vector<int32_t>& coded, const std::vector<int32_t>& window, int layer, size_t set,
-                     int32_t before = -1) {
-  int32_t prev = before;
-  for (const auto* v : {&coded, &window})
-    for (int32_t p : *v) {
-      if (p <= prev)
-        fail("positions of layer " + snum(layer) + ", set " + num(set) + " are not strictly increasing and >= 0 (" +
-             snum(p) + " after " + snum(prev) + ")");
-      prev = p;
+// Checks the positions of one set: >= 0 and strictly increasing in token order, which is the
+// window's first `pinned` tokens (attention sinks), then the coded tokens, then the rest of the
+// window.
+void check_positions(const std::vector<int32_t>& coded, const std::vector<int32_t>& window, int64_t pinned, int layer,
+                     size_t set) {
+  const size_t np = static_cast<size_t>(std::min<int64_t>(std::max<int64_t>(pinned, 0), static_cast<int64_t>(window.size())));
+  int32_t prev = -1;
+  auto run = [&](const int32_t* p, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+      if (p[i] <= prev)
+        fail("positions of layer " + snum(layer) + ", set " + num(set) + " are not >= 0 and strictly increasing " +
+             "(pinned window tokens, coded tokens, window tokens): " + snum(p[i]) + " after " + snum(prev));
+      prev = p[i];
     }
+  };
+  run(window.data(), np);
+  run(coded.data(), coded.size());
+  run(window.data() + np, window.size() - np);
 }
 
 // Writer-side check that a layer's vectors agree with its counts (so gathering never overruns).
@@ -439,11 +448,15 @@ LayerCounts checked_counts(const CompressedKV& cache, int l, int64_t chunk_token
             " heads; the layout needs " + num(sets) + " and " + snum(L.n_kv_heads));
   LayerCounts c;
   c.original_tokens = ld.original_tokens;
+  c.pinned = ld.pinned;
   for (size_t s = 0; s < sets; ++s) {
     c.coded.push_back(static_cast<int64_t>(ld.positions[s].size()));
     c.window.push_back(static_cast<int64_t>(ld.window_positions[s].size()));
     check(c.coded[s] + c.window[s] <= kMaxSetTokens, "layer " + snum(l) + " stores too many tokens");
-    check_positions(ld.positions[s], ld.window_positions[s], l, s);
+    check(c.pinned >= 0 && c.pinned <= c.window[s], "layer " + snum(l) + ": pinned " + snum(c.pinned) +
+                                                        " is outside [0, window tokens of set " + num(s) + " = " +
+                                                        snum(c.window[s]) + "]");
+    check_positions(ld.positions[s], ld.window_positions[s], c.pinned, l, s);
   }
   check(c.original_tokens >= c.max_stored(), "layer " + snum(l) + ": original_tokens " + snum(c.original_tokens) +
                                                  " is below the stored token count " + snum(c.max_stored()));
@@ -459,6 +472,8 @@ LayerCounts checked_counts(const CompressedKV& cache, int l, int64_t chunk_token
                     hd.window_keys.size() == nw * d && hd.window_values.size() == nw * d;
     check(ok, "layer " + snum(l) + " head " + snum(h) +
                   ": code, gain or window sizes disagree with its position counts and codecs");
+    check((hd.key_mean.empty() || hd.key_mean.size() == d) && (hd.value_mean.empty() || hd.value_mean.size() == d),
+          "layer " + snum(l) + " head " + snum(h) + ": key_mean and value_mean must be empty or hold head_dim values");
   }
   c.n_chunks = chunks_for(c.max_stored(), chunk_tokens);
   return c;
@@ -475,6 +490,11 @@ class ChunkEncoder {
  public:
   explicit ChunkEncoder(const ContainerOptions& o) : o_(o) {
     level_ = o.zstd_level == 0 ? ZSTD_CLEVEL_DEFAULT : o.zstd_level;
+  }
+
+  // A zstd frame of z bytes for n raw bytes is kept when it saves at least min_zstd_saving.
+  bool keep_zstd(size_t z, size_t n) const {
+    return z < n && static_cast<double>(n - z) >= o_.min_zstd_saving * static_cast<double>(n);
   }
 
   // Appends one stream's descriptor (at desc) and data (at the end of out).
@@ -495,7 +515,7 @@ class ChunkEncoder {
       out.resize(data_at + bound);
       const size_t z = ZSTD_compressCCtx(zstd_.cctx(), out.data() + data_at, bound, src, n, level_);
       if (ZSTD_isError(z)) fail(std::string("zstd compression failed: ") + ZSTD_getErrorName(z));
-      if (z < n) {
+      if (keep_zstd(z, n)) {
         entropy = kEntropyZstd;
         out.resize(data_at + z);
       } else {
@@ -512,11 +532,11 @@ class ChunkEncoder {
         cand_.resize(bound);
         const size_t z = ZSTD_compressCCtx(zstd_.cctx(), cand_.data(), bound, trans_.data(), n, level_);
         if (ZSTD_isError(z)) fail(std::string("zstd compression failed: ") + ZSTD_getErrorName(z));
-        const size_t stored = std::min(z, n);
+        const size_t stored = keep_zstd(z, n) ? z : n;
         if (stored < best) {  // ties keep the lower id
           best = stored;
           best_t = tr;
-          entropy = z < n ? kEntropyZstd : kEntropyStored;
+          entropy = keep_zstd(z, n) ? kEntropyZstd : kEntropyStored;
           if (entropy == kEntropyZstd) best_.assign(cand_.begin(), cand_.begin() + static_cast<std::ptrdiff_t>(z));
           else best_.assign(trans_.begin(), trans_.end());
         }
@@ -582,11 +602,15 @@ void write_layout(ByteWriter& w, const CacheLayout& L) {
   w.u8(static_cast<uint8_t>(L.value_gain));
   w.u8(L.keys_pre_rope ? 1 : 0);
   w.u8(L.per_head_positions ? 1 : 0);
+  w.u8(L.center ? 1 : 0);
+  w.u8(0);
+  w.u16(0);
   w.f32(L.key_scale);
   w.f32(L.value_scale);
   w.f32(L.softmax_scale);
   w.i32(L.residual_length);
   w.i32(L.flush_block);
+  w.i32(L.mean_tokens);
   w.u64(L.rotation_seed);
   const auto& r = L.rope;
   w.u8(static_cast<uint8_t>(r.layout));
@@ -608,11 +632,28 @@ void write_layout(ByteWriter& w, const CacheLayout& L) {
   }
 }
 
-// Header bytes before the chunk directory: filled by the writers, parsed by parse_header.
-size_t cache_header_bytes(const CacheLayout& L, uint64_t n_chunks) {
-  const size_t sets = position_sets(L);
-  return kPrefixBytes + kLayoutFixedBytes + 2 * static_cast<size_t>(L.n_layers) +
-         static_cast<size_t>(L.n_layers) * (24 + 16 * sets) + kDirectoryEntryBytes * n_chunks + 4;
+// Layer table entry: counts, then the per-head centring means (u16 lengths, fp16 values).
+void write_layer_entry(ByteWriter& w, const LayerCounts& c, const CompressedKV::LayerData& ld) {
+  w.i64(c.original_tokens);
+  w.i64(c.pinned);
+  w.u64(static_cast<uint64_t>(c.first_chunk));
+  w.u64(static_cast<uint64_t>(c.n_chunks));
+  for (size_t s = 0; s < c.coded.size(); ++s) {
+    w.u64(static_cast<uint64_t>(c.coded[s]));
+    w.u64(static_cast<uint64_t>(c.window[s]));
+  }
+  for (const auto& hd : ld.heads) {
+    w.u16(static_cast<uint16_t>(hd.key_mean.size()));
+    w.u16(static_cast<uint16_t>(hd.value_mean.size()));
+    w.bytes(hd.key_mean.data(), 2 * hd.key_mean.size());
+    w.bytes(hd.value_mean.data(), 2 * hd.value_mean.size());
+  }
+}
+
+size_t layer_entry_bytes(const CompressedKV::LayerData& ld, size_t sets) {
+  size_t b = 32 + 16 * sets;
+  for (const auto& hd : ld.heads) b += 4 + 2 * (hd.key_mean.size() + hd.value_mean.size());
+  return b;
 }
 
 // Finishes a container: directory, header CRC and sizes. `out` holds the header (without
@@ -644,21 +685,13 @@ std::vector<uint8_t> encode_cache(const CompressedKV& cache, const ContainerOpti
     n_chunks += counts.back().n_chunks;
   }
   check(n_chunks <= std::numeric_limits<uint32_t>::max(), "too many chunks; raise chunk_tokens");
-  const size_t header_bytes = cache_header_bytes(L, static_cast<uint64_t>(n_chunks));
   std::vector<uint8_t> out;
   ByteWriter w(out);
   write_prefix(w, ContainerKind::kCompressedCache, static_cast<uint64_t>(T), static_cast<uint64_t>(n_chunks));
   write_layout(w, L);
-  for (const auto& c : counts) {
-    w.i64(c.original_tokens);
-    w.u64(static_cast<uint64_t>(c.first_chunk));
-    w.u64(static_cast<uint64_t>(c.n_chunks));
-    for (size_t s = 0; s < c.coded.size(); ++s) {
-      w.u64(static_cast<uint64_t>(c.coded[s]));
-      w.u64(static_cast<uint64_t>(c.window[s]));
-    }
-  }
+  for (int l = 0; l < L.n_layers; ++l) write_layer_entry(w, counts[static_cast<size_t>(l)], cache.layer(l));
   const size_t dir_at = out.size();
+  const size_t header_bytes = dir_at + kDirectoryEntryBytes * static_cast<size_t>(n_chunks) + 4;
   out.resize(header_bytes);
 
   ChunkEncoder enc(o);
@@ -718,7 +751,9 @@ std::vector<uint8_t> encode_cache(const CompressedKV& cache, const ContainerOpti
         };
         using HD = CompressedKV::HeadData;
         const auto& tf = o.transforms;
-        per_head(StreamKind::kKeyCodes, kg.has_gain ? tf.key_codes : tf.fp16, kg.cols, kg.width, true,
+        const Transform key_codes = tf.key_codes ? *tf.key_codes
+                                                 : (!L.keys_pre_rope || !L.center ? Transform::kXorDelta : Transform::kNone);
+        per_head(StreamKind::kKeyCodes, kg.has_gain ? key_codes : tf.fp16, kg.cols, kg.width, true,
                  [](const HD& hd) { return hd.key_codes.data(); });
         per_head(StreamKind::kValueCodes, vg.has_gain ? tf.value_codes : tf.fp16, vg.cols, vg.width, true,
                  [](const HD& hd) { return hd.value_codes.data(); });
@@ -797,6 +832,7 @@ struct DirEntry {
 struct Header {
   ContainerInfo info;
   std::vector<LayerCounts> layers;
+  std::vector<std::vector<std::vector<uint16_t>>> key_mean, value_mean;  // [layer][head]
   std::vector<DirEntry> dir;
   uint64_t header_bytes = 0;
   uint64_t max_chunk_raw = 0;  // largest raw (decoded) chunk payload: scratch bound
@@ -859,16 +895,20 @@ void read_layout(ByteReader& r, CacheLayout& L) {
   check(vgain <= 2, "layout value_gain id " + num(vgain) + " is unknown (accepted 0..2)");
   L.key_gain = static_cast<quant::GainPolicy>(kgain);
   L.value_gain = static_cast<quant::GainPolicy>(vgain);
-  const uint8_t pre = r.u8("keys_pre_rope"), per_head = r.u8("per_head_positions");
+  const uint8_t pre = r.u8("keys_pre_rope"), per_head = r.u8("per_head_positions"), center = r.u8("center");
   check(pre <= 1, "layout keys_pre_rope must be 0 or 1, got " + num(pre));
   check(per_head <= 1, "layout per_head_positions must be 0 or 1, got " + num(per_head));
+  check(center <= 1, "layout center must be 0 or 1, got " + num(center));
+  check(r.u8("reserved") == 0 && r.u16("reserved") == 0, "layout reserved bytes must be 0");
   L.keys_pre_rope = pre == 1;
   L.per_head_positions = per_head == 1;
+  L.center = center == 1;
   L.key_scale = r.f32("key_scale");
   L.value_scale = r.f32("value_scale");
   L.softmax_scale = r.f32("softmax_scale");
   L.residual_length = r.i32("residual_length");
   L.flush_block = r.i32("flush_block");
+  L.mean_tokens = r.i32("mean_tokens");
   L.rotation_seed = r.u64("rotation_seed");
   auto& rp = L.rope;
   const uint8_t rl = r.u8("rope.layout"), rs = r.u8("rope.scaling");
@@ -955,12 +995,13 @@ Header parse_header(Source& src, const DeserializeOptions& o, ContainerKind expe
     CacheLayout& L = h.info.layout;
     read_layout(r, L);
     const size_t sets = position_sets(L);
-    r.need(static_cast<size_t>(L.n_layers) * (24 + 16 * sets), "layer table");
+    r.need(static_cast<size_t>(L.n_layers) * (32 + 16 * sets + 4 * static_cast<size_t>(L.n_kv_heads)), "layer table");
     int64_t next_chunk = 0;
     decoded = codecs_estimate(L);
     for (int l = 0; l < L.n_layers; ++l) {
       LayerCounts c;
       c.original_tokens = r.i64("original_tokens");
+      c.pinned = r.i64("pinned");
       const uint64_t first = r.u64("first_chunk"), count = r.u64("n_chunks");
       for (size_t s = 0; s < sets; ++s) {
         const uint64_t coded = r.u64("coded_tokens"), window = r.u64("window_tokens");
@@ -973,6 +1014,27 @@ Header parse_header(Source& src, const DeserializeOptions& o, ContainerKind expe
       check(c.original_tokens >= c.max_stored() && c.original_tokens <= (int64_t{1} << 62),
             "layer " + snum(l) + ": original_tokens " + snum(c.original_tokens) + " is below its " +
                 snum(c.max_stored()) + " stored tokens or absurdly large");
+      for (size_t s = 0; s < sets; ++s)
+        check(c.pinned >= 0 && c.pinned <= c.window[s], "layer " + snum(l) + ": pinned " + snum(c.pinned) +
+                                                            " is outside [0, window tokens of set " + num(s) + " = " +
+                                                            snum(c.window[s]) + "]");
+      std::vector<std::vector<uint16_t>> km(static_cast<size_t>(L.n_kv_heads)), vm(static_cast<size_t>(L.n_kv_heads));
+      uint64_t means_bytes = 0;
+      for (int hh = 0; hh < L.n_kv_heads; ++hh) {
+        const uint16_t kl = r.u16("key_mean length"), vl = r.u16("value_mean length");
+        check((kl == 0 || kl == L.head_dim) && (vl == 0 || vl == L.head_dim),
+              "layer " + snum(l) + " head " + snum(hh) + ": mean lengths " + num(kl) + ", " + num(vl) +
+                  " must be 0 or head_dim " + snum(L.head_dim));
+        r.need(2 * (static_cast<size_t>(kl) + vl), "means");
+        for (auto* m : {&km[static_cast<size_t>(hh)], &vm[static_cast<size_t>(hh)]}) {
+          m->resize(m == &km[static_cast<size_t>(hh)] ? kl : vl);
+          for (auto& x : *m) x = r.u16("mean");
+          means_bytes += 2 * m->size();
+        }
+      }
+      h.key_mean.push_back(std::move(km));
+      h.value_mean.push_back(std::move(vm));
+      decoded = sat_add(decoded, means_bytes);
       c.n_chunks = chunks_for(c.max_stored(), T);
       check(first == static_cast<uint64_t>(next_chunk) && count == static_cast<uint64_t>(c.n_chunks),
             "layer " + snum(l) + ": chunk range (first " + num(first) + ", count " + num(count) + ") should be (" +
@@ -989,6 +1051,7 @@ Header parse_header(Source& src, const DeserializeOptions& o, ContainerKind expe
       h.max_chunk_raw = std::max(h.max_chunk_raw, chunk_raw);
       ContainerInfo::Layer info;
       info.original_tokens = c.original_tokens;
+      info.pinned = c.pinned;
       info.coded_tokens = c.coded;
       info.window_tokens = c.window;
       info.first_chunk = c.first_chunk;
@@ -1223,6 +1286,11 @@ CompressedKV::LayerData read_layer_range(Source& src, const Header& h, const Des
     hd.window_keys.reserve(nw * d);
     hd.window_values.reserve(nw * d);
   }
+  for (int hh = 0; hh < H; ++hh) {
+    out.heads[static_cast<size_t>(hh)].key_mean = h.key_mean[static_cast<size_t>(l)][static_cast<size_t>(hh)];
+    out.heads[static_cast<size_t>(hh)].value_mean = h.value_mean[static_cast<size_t>(l)][static_cast<size_t>(hh)];
+  }
+  out.pinned = c.pinned;  // the layer's count, as original_tokens (window index < pinned: a sink)
   if (begin >= end || c.n_chunks == 0) return out;
 
   ChunkDecoder dec(src, h, o);
@@ -1298,7 +1366,11 @@ CompressedKV::LayerData read_layer_range(Source& src, const Header& h, const Des
     scatter(5, 2 * d, false, [&](HD& hd, const uint8_t* a, size_t n) { append_u16(hd.window_keys, a, n); });
     scatter(6, 2 * d, false, [&](HD& hd, const uint8_t* a, size_t n) { append_u16(hd.window_values, a, n); });
   }
-  for (size_t s = 0; s < sets; ++s) check_positions(out.positions[s], out.window_positions[s], l, s);
+  for (size_t s = 0; s < sets; ++s) {
+    const int64_t n = c.coded[s] + c.window[s];
+    const int64_t w0 = std::max(std::min(begin, n), c.coded[s]) - c.coded[s];
+    check_positions(out.positions[s], out.window_positions[s], c.pinned - w0, l, s);
+  }
   return out;
 }
 
@@ -1312,12 +1384,15 @@ CompressedKV read_cache(Source& src, const DeserializeOptions& o) {
   if (codecs) {
     const std::string diff = layout_difference(codecs->layout(), L);
     check(diff.empty(), "DeserializeOptions.codecs has a different layout than the container: " + diff);
-  } else {
-    codecs = std::make_shared<const CacheCodecs>(L);
   }
-  CompressedKV cache(std::move(codecs));
+  // Every chunk is read and checked before the (costly) codecs are built.
+  std::vector<CompressedKV::LayerData> layers;
+  layers.reserve(static_cast<size_t>(L.n_layers));
   for (int l = 0; l < L.n_layers; ++l)
-    cache.mutable_layer(l) = read_layer_range(src, h, o, l, 0, h.layers[static_cast<size_t>(l)].max_stored());
+    layers.push_back(read_layer_range(src, h, o, l, 0, h.layers[static_cast<size_t>(l)].max_stored()));
+  if (!codecs) codecs = std::make_shared<const CacheCodecs>(L);
+  CompressedKV cache(std::move(codecs));
+  for (int l = 0; l < L.n_layers; ++l) cache.mutable_layer(l) = std::move(layers[static_cast<size_t>(l)]);
   return cache;
 }
 
@@ -1497,6 +1572,8 @@ std::string layout_difference(const CacheLayout& a, const CacheLayout& b) {
   first(ints("per_head_positions", a.per_head_positions, b.per_head_positions));
   first(ints("residual_length", a.residual_length, b.residual_length));
   first(ints("flush_block", a.flush_block, b.flush_block));
+  first(ints("center", a.center, b.center));
+  first(ints("mean_tokens", a.mean_tokens, b.mean_tokens));
   f32("softmax_scale", a.softmax_scale, b.softmax_scale);
   const auto& p = a.rope;
   const auto& q = b.rope;
@@ -1567,8 +1644,10 @@ void ContainerOptions::validate() const {
               std::to_string(chunk_tokens));
   require(zstd_level >= -7 && zstd_level <= 22,
           "ContainerOptions.zstd_level must be in [-7, 22] (0 = zstd's default 3), got " + std::to_string(zstd_level));
+  require(min_zstd_saving >= 0.0 && min_zstd_saving <= 1.0,
+          "ContainerOptions.min_zstd_saving must be in [0, 1], got " + std::to_string(min_zstd_saving));
   const std::pair<const char*, Transform> fields[] = {{"positions", transforms.positions},
-                                                      {"key_codes", transforms.key_codes},
+                                                      {"key_codes", transforms.key_codes.value_or(Transform::kNone)},
                                                       {"value_codes", transforms.value_codes},
                                                       {"gains", transforms.gains},
                                                       {"fp16", transforms.fp16}};
@@ -1589,10 +1668,11 @@ size_t serialized_size_bound(const CompressedKV& cache, const ContainerOptions& 
   const CacheLayout& L = cache.layout();
   validate_layout(L);
   const int64_t T = options.chunk_tokens;
-  uint64_t n_chunks = 0, body = 0;
+  uint64_t n_chunks = 0, body = 0, header = kPrefixBytes + kLayoutFixedBytes + 2 * static_cast<uint64_t>(L.n_layers) + 4;
   for (int l = 0; l < L.n_layers; ++l) {
     const LayerCounts c = checked_counts(cache, l, T);
     n_chunks += static_cast<uint64_t>(c.n_chunks);
+    header += layer_entry_bytes(cache.layer(l), c.coded.size()) + kDirectoryEntryBytes * static_cast<uint64_t>(c.n_chunks);
     for (int64_t ci = 0; ci < c.n_chunks; ++ci) {
       std::vector<ChunkRows> rows;
       for (size_t s = 0; s < c.coded.size(); ++s) rows.push_back(chunk_rows(ci, T, c.coded[s], c.window[s]));
@@ -1600,7 +1680,8 @@ size_t serialized_size_bound(const CompressedKV& cache, const ContainerOptions& 
       for (const auto& p : cache_chunk_plans(L, l, rows)) body += ZSTD_compressBound(p.shape.bytes());
     }
   }
-  return static_cast<size_t>(cache_header_bytes(L, n_chunks) + body);
+  (void)n_chunks;
+  return static_cast<size_t>(header + body);
 }
 
 std::vector<uint8_t> serialize(const CompressedKV& cache, const ContainerOptions& options) {

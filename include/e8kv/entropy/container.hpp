@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <iosfwd>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -92,9 +93,11 @@ void transform_inverse(Transform t, const StreamShape& shape, const uint8_t* in,
 /// (docs/format.md, "Transforms"); any choice decodes, since each stream records its own.
 struct StreamTransforms {
   Transform positions = Transform::kSubDeltaShuffle;
-  Transform key_codes = Transform::kXorDelta;    ///< block-code indices of keys
-  Transform value_codes = Transform::kXorDelta;  ///< block-code indices of values
-  Transform gains = Transform::kNone;
+  /// Block-code indices of keys. Unset: xor-delta when keys are coded post-RoPE or uncentred
+  /// (their codes then repeat along tokens), none otherwise.
+  std::optional<Transform> key_codes;
+  Transform value_codes = Transform::kNone;  ///< block-code indices of values
+  Transform gains = Transform::kShuffle;
   Transform fp16 = Transform::kShuffle;  ///< residual windows, fp16-codec codes, plain fp16/bf16
 };
 
@@ -108,6 +111,10 @@ struct ContainerOptions {
   /// Try every transform for every stream of every chunk and keep the smallest (about 6× the
   /// compression time; the format is the same).
   bool adaptive = false;
+  /// A zstd frame is kept only when it saves at least this fraction of the stream's bytes;
+  /// otherwise the stream is stored. Lattice codes are nearly incompressible: a frame that saves
+  /// under 1.6 % would halve the read speed for nothing. In [0, 1].
+  double min_zstd_saving = 1.0 / 64;
   /// Throws e8kv::Error naming the field and the accepted values.
   void validate() const;
 };
@@ -143,6 +150,7 @@ struct ContainerInfo {
   CacheLayout layout;
   struct Layer {
     int64_t original_tokens = 0;
+    int64_t pinned = 0;                  ///< leading window tokens of every set kept in fp16 (sinks)
     std::vector<int64_t> coded_tokens;   ///< per position set (1, or n_kv_heads)
     std::vector<int64_t> window_tokens;  ///< per position set
     int64_t first_chunk = 0;             ///< index of its first chunk in the directory
@@ -182,7 +190,9 @@ CompressedKV::LayerData deserialize_layer(const uint8_t* data, size_t size, int 
                                           const DeserializeOptions& options = {});
 /// Stored tokens [begin, end) of every position set of one layer (stored token i of a set is its
 /// i-th coded token, then its window tokens; end is clamped to each set's size). Only the chunks
-/// overlapping the range are read. original_tokens is the layer's.
+/// overlapping the range are read. original_tokens, pinned and the centring means are the
+/// layer's (window token i of a set is a pinned sink when i < pinned, counting from the window's
+/// start, not from the range's).
 CompressedKV::LayerData deserialize_tokens(const uint8_t* data, size_t size, int layer, int64_t begin, int64_t end,
                                            const DeserializeOptions& options = {});
 

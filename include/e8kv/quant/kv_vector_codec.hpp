@@ -204,10 +204,32 @@ E8KV_HD inline void encode_rotated_vector(const float* x, int d, float scale, Ga
   for (int j = 0; j < blocks; ++j) norm_part[j] = block_sum_squares(x + 8 * j);
   const double norm2 = pairwise_tree_sum(norm_part, blocks);
   const float to_u = unit_scale_factor(norm2, d, scale);
+#if !E8KV_ON_DEVICE
+  // Host: encode all blocks of the vector in one SIMD batch (the same indices as one block at a
+  // time), then the same per-block statistics as encode_block_with_stats.
+  float u[kMaxCodecHeadDim];
+  uint32_t index[kMaxCodecHeadDim / 8];
+  for (int i = 0; i < 8 * blocks; ++i) u[i] = fp::mul(is_finite_value(x[i]) ? x[i] : 0.f, to_u);
+  detail::encode_blocks<Code>(u, blocks, index);
+  for (int j = 0; j < blocks; ++j) {
+    float q[8];
+    Code::decode(index[j], q);
+    double a = 0.0, b = 0.0;
+    for (int i = 0; i < 8; ++i) {
+      const float v = is_finite_value(x[8 * j + i]) ? x[8 * j + i] : 0.f;
+      a = fp::add(a, fp::mul(static_cast<double>(v), static_cast<double>(q[i])));
+      b = fp::add(b, fp::mul(static_cast<double>(q[i]), static_cast<double>(q[i])));
+    }
+    xq_part[j] = a;
+    qq_part[j] = b;
+    detail::store_index(index[j], kBytes, codes + j * kBytes);
+  }
+#else
   for (int j = 0; j < blocks; ++j) {
     const uint32_t index = encode_block_with_stats<Code>(x + 8 * j, to_u, &xq_part[j], &qq_part[j]);
     detail::store_index(index, kBytes, codes + j * kBytes);
   }
+#endif
   const double xq = pairwise_tree_sum(xq_part, blocks);
   const double qq = pairwise_tree_sum(qq_part, blocks);
   *gain_bits = gain_bits_from_stats(policy, norm2, xq, qq);

@@ -1,0 +1,163 @@
+// CUDA kernels over the paged compressed KV cache (cache/paged_layout.hpp, docs/paged_layout.md):
+// the public API. Every launcher takes raw device pointers, one params struct by value and a
+// stream, never synchronizes the host (CUDA-graph friendly) and returns a Status:
+//
+//   paged_encode            new K/V tokens (fp16/bf16/fp32, any token/head strides: NHD, HND)
+//                           -> RoPE removal, randomized Hadamard, gain, block codes -> pages.
+//                           Codes are byte-identical to CacheCodecs::encode_key/encode_value.
+//   paged_decode_attention  one query token per sequence over a ragged batch: GQA groups share
+//                           each decoded key, split-K (flash-decoding) + a reduction kernel, fp32
+//                           softmax, codes decoded in registers, plus the fp16 residual window.
+//   paged_dequantize        codes -> dense fp16/bf16 K/V (post-RoPE keys, engine basis).
+//
+// Closed dispatch (anything else returns a loud status and launches nothing):
+//   head_dim 64, 128, 256 (kUnsupportedHeadDim); codecs fp16, e8p2, rvq3, rvq4 for keys and values
+//   (kUnsupportedBits); K/V input f16/bf16/f32, query f16/bf16/f32, output f16/bf16/f32, dense
+//   output f16/bf16 (kUnsupportedDtype); RoPE: rotary_dim a multiple of 16 in [16, head_dim]
+//   for split-half pairs, even for interleaved pairs (kInvalidArgument).
+// The implementation lives in e8kv/cuda/detail/*.cuh (kernel templates) and kernels/*.cu.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "e8kv/cache/compressed_kv.hpp"
+#include "e8kv/cache/kv_view.hpp"
+#include "e8kv/cache/paged_layout.hpp"
+#include "e8kv/error.hpp"
+#include "e8kv/quant/codec.hpp"
+#include "e8kv/quant/vector_quantizer.hpp"
+#include "e8kv/transform/rope.hpp"
+
+namespace e8kv::cuda {
+
+/// The codec of one layer as the kernels see it; the pointers are device memory.
+struct LayerCodecParams {
+  int head_dim = 0;
+  int kv_heads = 0;
+  quant::Codec key_codec = quant::Codec::kE8P;
+  quant::Codec value_codec = quant::Codec::kE8P;
+  quant::GainPolicy key_gain = quant::GainPolicy::kNormPreserving;
+  quant::GainPolicy value_gain = quant::GainPolicy::kNormPreserving;
+  float key_scale = 1.f;
+  float value_scale = 1.f;
+  bool keys_pre_rope = true;                     ///< RoPE removed before coding, re-applied at attention
+  int rotary_dim = 0;                            ///< 0 = head_dim
+  transform::RopeLayout rope_layout = transform::RopeLayout::kSplitHalf;
+  const float* rope_table = nullptr;             ///< quant::rope_table_floats(rotary_dim/2) floats (pre-RoPE keys)
+  const uint32_t* sign_bits = nullptr;           ///< [kv_heads][2][head_dim/32]: packed_sign_bits()
+};
+
+/// One layer's pages and block table (device memory).
+struct PagedCacheView {
+  PagedLayout layout;
+  const uint8_t* pool = nullptr;        ///< n_pages · layout.page_bytes
+  const int32_t* page_indptr = nullptr; ///< [batch + 1]
+  const int32_t* page_indices = nullptr;
+  const int32_t* coded_lens = nullptr;  ///< [batch] coded tokens per sequence
+  int batch = 0;
+  int max_coded_len = 0;                ///< host-side upper bound of coded_lens (sizes the grid)
+  /// Centring means (CacheLayout::center): [batch][kv_heads][2: key, value][head_dim] fp16 bits,
+  /// keys in their coding frame (pre-RoPE when keys are stored pre-RoPE); block-coded kinds are
+  /// stored as x − μ and decoded as x̂ + μ. Null: no centring. (PagedLayer::means.)
+  const uint16_t* means = nullptr;
+};
+
+struct EncodeParams {
+  LayerCodecParams codec;
+  PagedLayout layout;
+  uint8_t* pool = nullptr;
+  int n_tokens = 0;
+  /// K and V of the new tokens, element (token j, head h, i) at ptr + j·token_stride +
+  /// h·head_stride + i (elements). NHD: token_stride = H·d, head_stride = d; HND: d and T·d.
+  const void* keys = nullptr;
+  const void* values = nullptr;
+  DType dtype = DType::kF16;
+  int64_t token_stride = 0;
+  int64_t head_stride = 0;
+  const int32_t* positions = nullptr;     ///< [n_tokens] absolute positions (>= 0)
+  const int64_t* slot_mapping = nullptr;  ///< [n_tokens] page · page_tokens + slot; < 0 skips the token
+  /// Centring (as PagedCacheView::means): block-coded keys are coded as k − R(pos)·μ_k (μ_k when
+  /// keys are stored post-RoPE) and values as v − μ_v, exactly as CompressedKV::flush does.
+  /// token_seq[j] is the sequence (row of means) of token j. Both null: no centring.
+  const uint16_t* means = nullptr;
+  const int32_t* token_seq = nullptr;
+};
+
+struct DecodeAttentionParams {
+  LayerCodecParams codec;
+  PagedCacheView cache;
+  int q_heads = 0;                 ///< multiple of codec.kv_heads; q head h·G + g uses KV head h
+  float softmax_scale = 0.f;       ///< <= 0: 1/sqrt(head_dim)
+  const void* q = nullptr;         ///< [batch][q_heads][head_dim], post-RoPE
+  DType q_dtype = DType::kF32;
+  void* out = nullptr;             ///< [batch][q_heads][head_dim]
+  DType out_dtype = DType::kF32;
+  /// fp16 residual window (post-RoPE keys, engine basis): element (b, h, t, i) at
+  /// ptr + b·seq_stride + h·head_stride + t·token_stride + i. Null lens = no window.
+  const uint16_t* window_keys = nullptr;
+  const uint16_t* window_values = nullptr;
+  const int32_t* window_lens = nullptr;  ///< [batch]
+  int64_t window_seq_stride = 0;
+  int64_t window_head_stride = 0;
+  int64_t window_token_stride = 0;
+  int split_tokens = 0;            ///< coded tokens per split; 0 = automatic
+};
+
+struct DequantizeParams {
+  LayerCodecParams codec;
+  PagedCacheView cache;
+  /// Dense output: token t of sequence b, head h at ptr + (out_indptr[b] + t)·token_stride +
+  /// h·head_stride (elements). Either pointer may be null (that half is skipped).
+  void* keys_out = nullptr;
+  void* values_out = nullptr;
+  DType out_dtype = DType::kF16;
+  const int64_t* out_indptr = nullptr;  ///< [batch] first output token of each sequence
+  int64_t out_token_stride = 0;
+  int64_t out_head_stride = 0;
+};
+
+/// Encodes n_tokens new tokens of one layer into their slots.
+Status paged_encode(const EncodeParams& p, cudaStream_t stream);
+
+/// Workspace that paged_decode_attention needs for these params (depends on batch, q_heads,
+/// head_dim, max_coded_len and split_tokens only).
+Status decode_attention_workspace_bytes(const DecodeAttentionParams& p, size_t* bytes);
+
+/// Decode attention: out[b] = softmax(scale·q·Kᵀ)·V over the coded tokens and the window.
+Status paged_decode_attention(const DecodeAttentionParams& p, void* workspace, size_t workspace_bytes,
+                              cudaStream_t stream);
+
+/// Writes the coded tokens as dense fp16/bf16 K (post-RoPE) and V.
+Status paged_dequantize(const DequantizeParams& p, cudaStream_t stream);
+
+/// Number of coded-token splits decode attention uses for these params (the window adds one);
+/// *split_tokens receives the tokens per split.
+int decode_attention_splits(const DecodeAttentionParams& p, int* split_tokens);
+
+/// The codec of `layer` of caches made with `codecs`, pointing at device copies of
+/// codecs.rope_table() and packed_sign_bits(codecs, layer) (cache/paged_kv.hpp).
+inline LayerCodecParams layer_codec_params(const CacheCodecs& codecs, int layer, const float* device_rope_table,
+                                           const uint32_t* device_sign_bits) {
+  const CacheLayout& L = codecs.layout();
+  require(layer >= 0 && layer < L.n_layers, "layer_codec_params: layer " + std::to_string(layer) + " out of range");
+  LayerCodecParams c;
+  c.head_dim = L.head_dim;
+  c.kv_heads = L.n_kv_heads;
+  c.key_codec = L.key_codec[static_cast<size_t>(layer)];
+  c.value_codec = L.value_codec[static_cast<size_t>(layer)];
+  c.key_gain = L.key_gain;
+  c.value_gain = L.value_gain;
+  c.key_scale = L.key_scale;
+  c.value_scale = L.value_scale;
+  c.keys_pre_rope = L.keys_pre_rope;
+  c.rotary_dim = codecs.rope().rotary_dim();
+  c.rope_layout = codecs.rope().params().layout;
+  c.rope_table = device_rope_table;
+  c.sign_bits = device_sign_bits;
+  return c;
+}
+
+}  // namespace e8kv::cuda

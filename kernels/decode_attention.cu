@@ -1,0 +1,148 @@
+// paged_decode_attention: split planning, validation, closed dispatch over head_dim x key codec
+// (the value codec is a uniform run-time branch inside the kernel) and the explicit kernel
+// instantiations (include/e8kv/cuda/detail/decode_attention_kernel.cuh).
+#include <cmath>
+
+#include "e8kv/cuda/detail/decode_attention_kernel.cuh"
+#include "e8kv/cuda/paged_kv.cuh"
+
+namespace e8kv::cuda {
+
+namespace {
+
+/// Automatic split planning aims at this many CTAs (about two waves of 132 SMs) ...
+constexpr int64_t kTargetCtas = 264;
+/// ... with at least this many coded tokens per split (a multiple of kSplitGranule).
+constexpr int kMinSplitTokens = 256;
+constexpr int kSplitGranule = 64;
+
+int query_chunks(const DecodeAttentionParams& p) {
+  const int group = p.codec.kv_heads > 0 ? p.q_heads / p.codec.kv_heads : 1;
+  return (group + detail::kMaxGroup - 1) / detail::kMaxGroup;
+}
+
+template <int D>
+Status launch_dim(quant::Codec key_codec, const detail::AttentionKernelArgs& a, const detail::ReduceKernelArgs& r,
+                  int batch, int kv_heads, cudaStream_t stream) {
+  return detail::dispatch_kernel_codec(key_codec, [&](auto code) {
+    return detail::launch_decode_attention<D, decltype(code)>(a, r, batch, kv_heads, stream);
+  });
+}
+
+Status check_params(const DecodeAttentionParams& p) {
+  const LayerCodecParams& c = p.codec;
+  E8KV_RETURN_IF_ERROR(detail::check_codec(c));
+  if (!detail::is_kernel_dtype(p.q_dtype) || !detail::is_kernel_dtype(p.out_dtype)) return Status::kUnsupportedDtype;
+  const PagedCacheView& v = p.cache;
+  if (v.batch < 0 || v.max_coded_len < 0 || p.q_heads < c.kv_heads || p.q_heads % c.kv_heads != 0)
+    return Status::kInvalidArgument;
+  if (v.batch == 0) return Status::kSuccess;
+  if (p.q == nullptr || p.out == nullptr || v.coded_lens == nullptr) return Status::kInvalidArgument;
+  if (v.max_coded_len > 0) {
+    E8KV_RETURN_IF_ERROR(detail::check_layout(v.layout, c));
+    if (v.pool == nullptr || v.page_indptr == nullptr || v.page_indices == nullptr) return Status::kInvalidArgument;
+  }
+  if (p.window_lens != nullptr &&
+      (p.window_keys == nullptr || p.window_values == nullptr || p.window_seq_stride < 0 || p.window_head_stride < 0 ||
+       p.window_token_stride < 0))
+    return Status::kInvalidArgument;
+  if (!(p.softmax_scale <= 0.f || std::isfinite(p.softmax_scale))) return Status::kInvalidArgument;
+  return Status::kSuccess;
+}
+
+}  // namespace
+
+int decode_attention_splits(const DecodeAttentionParams& p, int* split_tokens) {
+  const int max_len = p.cache.max_coded_len > 0 ? p.cache.max_coded_len : 0;
+  int chunk = p.split_tokens;
+  if (chunk <= 0) {
+    const int64_t rows = static_cast<int64_t>(p.cache.batch > 0 ? p.cache.batch : 1) *
+                         (p.codec.kv_heads > 0 ? p.codec.kv_heads : 1) * query_chunks(p);
+    const int64_t want = (kTargetCtas + rows - 1) / rows;
+    const int64_t even = (static_cast<int64_t>(max_len) + want - 1) / want;
+    int64_t c = even > kMinSplitTokens ? even : kMinSplitTokens;
+    c = (c + kSplitGranule - 1) / kSplitGranule * kSplitGranule;
+    chunk = static_cast<int>(c);
+  }
+  if (split_tokens != nullptr) *split_tokens = chunk;
+  return max_len > 0 ? static_cast<int>((static_cast<int64_t>(max_len) + chunk - 1) / chunk) : 0;
+}
+
+Status decode_attention_workspace_bytes(const DecodeAttentionParams& p, size_t* bytes) {
+  if (bytes == nullptr) return Status::kInvalidArgument;
+  E8KV_RETURN_IF_ERROR(check_params(p));
+  const int splits = decode_attention_splits(p, nullptr);
+  *bytes = static_cast<size_t>(p.cache.batch) * static_cast<size_t>(p.q_heads) * static_cast<size_t>(splits + 1) *
+           static_cast<size_t>(p.codec.head_dim + 2) * sizeof(float);
+  return Status::kSuccess;
+}
+
+Status paged_decode_attention(const DecodeAttentionParams& p, void* workspace, size_t workspace_bytes,
+                              cudaStream_t stream) {
+  E8KV_RETURN_IF_ERROR(check_params(p));
+  if (p.cache.batch == 0) return Status::kSuccess;
+  size_t need = 0;
+  E8KV_RETURN_IF_ERROR(decode_attention_workspace_bytes(p, &need));
+  if (workspace == nullptr || workspace_bytes < need) return Status::kInvalidArgument;
+  if (p.cache.batch > 65535 || static_cast<int64_t>(p.codec.kv_heads) * query_chunks(p) > 65535)
+    return Status::kInvalidArgument;
+  const LayerCodecParams& c = p.codec;
+  int chunk = 0;
+  const int splits = decode_attention_splits(p, &chunk);
+  const float scale = p.softmax_scale > 0.f ? p.softmax_scale : 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+
+  detail::AttentionKernelArgs a;
+  a.pool = p.cache.pool;
+  a.layout = p.cache.layout;
+  a.page_indptr = p.cache.page_indptr;
+  a.page_indices = p.cache.page_indices;
+  a.coded_lens = p.cache.coded_lens;
+  a.window_keys = p.window_keys;
+  a.window_values = p.window_values;
+  a.window_lens = p.window_lens;
+  a.window_seq_stride = p.window_seq_stride;
+  a.window_head_stride = p.window_head_stride;
+  a.window_token_stride = p.window_token_stride;
+  a.q = p.q;
+  a.q_dtype = p.q_dtype;
+  a.q_heads = p.q_heads;
+  a.group = p.q_heads / c.kv_heads;
+  a.q_chunks = query_chunks(p);
+  a.scale_log2 = static_cast<float>(static_cast<double>(scale) * 1.4426950408889634);
+  a.value_codec = c.value_codec;
+  a.keys_pre_rope = c.keys_pre_rope;
+  a.rope_table = c.rope_table;
+  a.rotary_dim = detail::effective_rotary_dim(c);
+  a.rope_layout = c.rope_layout;
+  a.sign_bits = c.sign_bits;
+  a.sign_words = transform::hadamard_sign_words(c.head_dim);
+  a.chunk = chunk;
+  a.coded_splits = splits;
+  a.partial = static_cast<float*>(workspace);
+  a.means = p.cache.means;
+
+  detail::ReduceKernelArgs r;
+  r.partial = a.partial;
+  r.coded_lens = p.cache.coded_lens;
+  r.window_lens = p.window_lens;
+  r.chunk = chunk;
+  r.coded_splits = splits;
+  r.q_heads = p.q_heads;
+  r.group = a.group;
+  r.values_rotated = c.value_codec != quant::Codec::kFp16;
+  r.sign_bits = c.sign_bits;
+  r.sign_words = a.sign_words;
+  r.out = p.out;
+  r.out_dtype = p.out_dtype;
+  r.means = c.value_codec != quant::Codec::kFp16 ? p.cache.means : nullptr;
+  r.kv_heads = c.kv_heads;
+
+  switch (c.head_dim) {
+    case 64: return launch_dim<64>(c.key_codec, a, r, p.cache.batch, c.kv_heads, stream);
+    case 128: return launch_dim<128>(c.key_codec, a, r, p.cache.batch, c.kv_heads, stream);
+    case 256: return launch_dim<256>(c.key_codec, a, r, p.cache.batch, c.kv_heads, stream);
+    default: return Status::kUnsupportedHeadDim;
+  }
+}
+
+}  // namespace e8kv::cuda

@@ -1,0 +1,75 @@
+// paged_encode: validation, closed dispatch over head_dim x codec, and the explicit kernel
+// instantiations (include/e8kv/cuda/detail/encode_kernel.cuh).
+#include "e8kv/cuda/detail/encode_kernel.cuh"
+#include "e8kv/cuda/paged_kv.cuh"
+
+namespace e8kv::cuda {
+
+namespace {
+
+using detail::EncodeKernelArgs;
+
+template <int D>
+Status launch_kind(quant::Codec codec, const EncodeKernelArgs& a, cudaStream_t stream) {
+  return detail::dispatch_kernel_codec(codec, [&](auto code) {
+    return detail::launch_paged_encode<D, decltype(code)>(a, stream);
+  });
+}
+
+Status launch_dim(int d, quant::Codec codec, const EncodeKernelArgs& a, cudaStream_t stream) {
+  switch (d) {
+    case 64: return launch_kind<64>(codec, a, stream);
+    case 128: return launch_kind<128>(codec, a, stream);
+    case 256: return launch_kind<256>(codec, a, stream);
+    default: return Status::kUnsupportedHeadDim;
+  }
+}
+
+}  // namespace
+
+Status paged_encode(const EncodeParams& p, cudaStream_t stream) {
+  const LayerCodecParams& c = p.codec;
+  E8KV_RETURN_IF_ERROR(detail::check_codec(c));
+  E8KV_RETURN_IF_ERROR(detail::check_layout(p.layout, c));
+  if (!detail::is_kernel_dtype(p.dtype)) return Status::kUnsupportedDtype;
+  if (p.n_tokens < 0) return Status::kInvalidArgument;
+  if (p.n_tokens == 0) return Status::kSuccess;
+  if (p.pool == nullptr || p.keys == nullptr || p.values == nullptr || p.positions == nullptr ||
+      p.slot_mapping == nullptr || p.token_stride < 0 || p.head_stride < 0 || ((p.means == nullptr) != (p.token_seq == nullptr)))
+    return Status::kInvalidArgument;
+  EncodeKernelArgs a;
+  a.dtype = p.dtype;
+  a.token_stride = p.token_stride;
+  a.head_stride = p.head_stride;
+  a.n_tokens = p.n_tokens;
+  a.kv_heads = c.kv_heads;
+  a.positions = p.positions;
+  a.slot_mapping = p.slot_mapping;
+  a.pool = p.pool;
+  a.layout = p.layout;
+  a.sign_bits = c.sign_bits;
+  a.sign_words = transform::hadamard_sign_words(c.head_dim);
+  a.rope_table = c.rope_table;
+  a.rotary_dim = detail::effective_rotary_dim(c);
+  a.rope_layout = c.rope_layout;
+  a.means = p.means;
+  a.token_seq = p.token_seq;
+  // Keys (and the positions).
+  a.src = p.keys;
+  a.kind = 0;
+  a.scale = c.key_scale;
+  a.gain = c.key_gain;
+  a.remove_rope = c.keys_pre_rope;
+  a.write_positions = true;
+  E8KV_RETURN_IF_ERROR(launch_dim(c.head_dim, c.key_codec, a, stream));
+  // Values.
+  a.src = p.values;
+  a.kind = 1;
+  a.scale = c.value_scale;
+  a.gain = c.value_gain;
+  a.remove_rope = false;
+  a.write_positions = false;
+  return launch_dim(c.head_dim, c.value_codec, a, stream);
+}
+
+}  // namespace e8kv::cuda

@@ -1,0 +1,262 @@
+// Host conversion between CompressedKV and the paged layout of the CUDA kernels.
+#include "e8kv/cache/paged_kv.hpp"
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <string>
+
+#include "e8kv/error.hpp"
+#include "e8kv/numeric/random.hpp"
+
+namespace e8kv {
+
+int64_t PagedBlockTable::slot(int b, int64_t t) const {
+  require(b >= 0 && b < batch(), "PagedBlockTable::slot: sequence " + std::to_string(b) + " out of range");
+  const int64_t pages = page_indptr[static_cast<size_t>(b) + 1] - page_indptr[static_cast<size_t>(b)];
+  require(t >= 0 && t < pages * page_tokens,
+          "PagedBlockTable::slot: token " + std::to_string(t) + " beyond the pages of sequence " + std::to_string(b));
+  return paged_slot(page_indptr.data(), page_indices.data(), b, t, page_tokens);
+}
+
+PagedBlockTable make_block_table(const std::vector<int32_t>& capacity_tokens, int page_tokens, uint64_t shuffle_seed,
+                                 int spare_pages) {
+  require(page_tokens >= 1, "make_block_table: page_tokens must be >= 1, got " + std::to_string(page_tokens));
+  require(spare_pages >= 0, "make_block_table: spare_pages must be >= 0, got " + std::to_string(spare_pages));
+  PagedBlockTable t;
+  t.page_tokens = page_tokens;
+  t.coded_lens = capacity_tokens;
+  t.page_indptr.assign(capacity_tokens.size() + 1, 0);
+  int64_t used = 0;
+  for (size_t b = 0; b < capacity_tokens.size(); ++b) {
+    require(capacity_tokens[b] >= 0, "make_block_table: capacity_tokens[" + std::to_string(b) + "] is negative");
+    used += (static_cast<int64_t>(capacity_tokens[b]) + page_tokens - 1) / page_tokens;
+    require(used + spare_pages <= std::numeric_limits<int32_t>::max(), "make_block_table: more than 2^31-1 pages");
+    t.page_indptr[b + 1] = static_cast<int32_t>(used);
+  }
+  t.n_pages = static_cast<int32_t>(used + spare_pages);
+  std::vector<int32_t> order(static_cast<size_t>(t.n_pages));
+  std::iota(order.begin(), order.end(), 0);
+  if (shuffle_seed != 0) {
+    // Fisher-Yates with the library's counter-based generator (same table on every platform).
+    for (int64_t i = t.n_pages - 1; i > 0; --i) {
+      const uint64_t r = random_bits(shuffle_seed, static_cast<uint64_t>(i));
+      const int64_t j = static_cast<int64_t>(r % static_cast<uint64_t>(i + 1));
+      std::swap(order[static_cast<size_t>(i)], order[static_cast<size_t>(j)]);
+    }
+  }
+  t.page_indices.assign(order.begin(), order.begin() + used);
+  return t;
+}
+
+PagedLayout paged_layout_for(const CacheCodecs& codecs, int layer, int page_tokens) {
+  const CacheLayout& L = codecs.layout();
+  require(layer >= 0 && layer < L.n_layers, "paged_layout_for: layer " + std::to_string(layer) + " out of range");
+  require(page_tokens >= 1, "paged_layout_for: page_tokens must be >= 1, got " + std::to_string(page_tokens));
+  const quant::Codec kc = L.key_codec[static_cast<size_t>(layer)], vc = L.value_codec[static_cast<size_t>(layer)];
+  const PagedLayout out = make_paged_layout(page_tokens, L.n_kv_heads, L.head_dim, quant::index_bits(kc),
+                                            quant::index_bits(vc), L.per_head_positions);
+  require(out.page_bytes > 0, "paged_layout_for: unsupported shape (head_dim " + std::to_string(L.head_dim) +
+                                  ", kv_heads " + std::to_string(L.n_kv_heads) + ")");
+  // The layout must agree with the quantizers' own byte counts.
+  require(static_cast<size_t>(out.key_code_bytes) == codecs.key_quantizer(layer).code_bytes() &&
+              static_cast<size_t>(out.value_code_bytes) == codecs.value_quantizer(layer).code_bytes(),
+          "paged_layout_for: code sizes disagree with the quantizers");
+  return out;
+}
+
+std::vector<uint32_t> packed_sign_bits(const CacheCodecs& codecs, int layer) {
+  const CacheLayout& L = codecs.layout();
+  require(layer >= 0 && layer < L.n_layers, "packed_sign_bits: layer " + std::to_string(layer) + " out of range");
+  const size_t words = static_cast<size_t>(transform::hadamard_sign_words(L.head_dim));
+  std::vector<uint32_t> out(static_cast<size_t>(L.n_kv_heads) * 2 * words);
+  for (int h = 0; h < L.n_kv_heads; ++h)
+    for (int kind = 0; kind < 2; ++kind) {
+      const auto& rot = codecs.rotation(layer, h, kind);
+      std::copy(rot.sign_bits(), rot.sign_bits() + words, out.begin() + (static_cast<size_t>(h) * 2 + kind) * words);
+    }
+  return out;
+}
+
+namespace {
+
+// Number of coded / window tokens of (cache, layer), checking that every head agrees.
+void stored_counts(const CompressedKV& c, int layer, int64_t& coded, int64_t& window) {
+  const int H = c.layout().n_kv_heads;
+  coded = c.coded_tokens(layer, 0);
+  window = c.window_tokens(layer, 0);
+  for (int h = 1; h < H; ++h)
+    require(c.coded_tokens(layer, h) == coded && c.window_tokens(layer, h) == window,
+            "to_paged: per-head position sets of different sizes cannot share pages (layer " + std::to_string(layer) +
+                ")");
+}
+
+}  // namespace
+
+PagedLayer to_paged(const std::vector<const CompressedKV*>& batch, int layer, const PagedOptions& options) {
+  require(!batch.empty(), "to_paged: empty batch");
+  for (const auto* c : batch) require(c != nullptr && c->valid(), "to_paged: null or empty cache in the batch");
+  const auto codecs = batch[0]->shared_codecs();
+  for (const auto* c : batch)
+    require(c->shared_codecs() == codecs, "to_paged: every cache of the batch must share one CacheCodecs");
+  const CacheLayout& L = codecs->layout();
+  const int H = L.n_kv_heads, d = L.head_dim;
+  PagedLayer out;
+  out.layout = paged_layout_for(*codecs, layer, options.page_tokens);
+  const PagedLayout& PL = out.layout;
+  const int B = static_cast<int>(batch.size());
+  std::vector<int32_t> coded(static_cast<size_t>(B)), window(static_cast<size_t>(B));
+  int64_t max_window = 0;
+  for (int b = 0; b < B; ++b) {
+    int64_t nc = 0, nw = 0;
+    stored_counts(*batch[static_cast<size_t>(b)], layer, nc, nw);
+    require(nc <= std::numeric_limits<int32_t>::max() && nw <= std::numeric_limits<int32_t>::max(),
+            "to_paged: more than 2^31-1 tokens in one sequence");
+    coded[static_cast<size_t>(b)] = static_cast<int32_t>(nc);
+    window[static_cast<size_t>(b)] = static_cast<int32_t>(nw);
+    max_window = std::max(max_window, nw);
+  }
+  out.table = make_block_table(coded, options.page_tokens, options.shuffle_seed, options.spare_pages);
+  out.pool.assign(static_cast<size_t>(out.table.n_pages) * static_cast<size_t>(PL.page_bytes), options.pool_fill);
+  const size_t kcb = static_cast<size_t>(PL.key_code_bytes), vcb = static_cast<size_t>(PL.value_code_bytes);
+  for (int b = 0; b < B; ++b) {
+    const CompressedKV& c = *batch[static_cast<size_t>(b)];
+    const auto& ld = c.layer(layer);
+    for (int64_t t = 0; t < coded[static_cast<size_t>(b)]; ++t) {
+      const int64_t slot = out.table.slot(b, t);
+      uint8_t* page = out.pool.data() + (slot / PL.page_tokens) * PL.page_bytes;
+      const int s = static_cast<int>(slot % PL.page_tokens);
+      for (int h = 0; h < H; ++h) {
+        const auto& hd = ld.heads[static_cast<size_t>(h)];
+        std::memcpy(page + PL.key_code_offset(h, s), &hd.key_codes[static_cast<size_t>(t) * kcb], kcb);
+        std::memcpy(page + PL.value_code_offset(h, s), &hd.value_codes[static_cast<size_t>(t) * vcb], vcb);
+        if (PL.key_gain_bytes) std::memcpy(page + PL.key_gain_offset(h, s), &hd.key_gains[static_cast<size_t>(t)], 2);
+        if (PL.value_gain_bytes)
+          std::memcpy(page + PL.value_gain_offset(h, s), &hd.value_gains[static_cast<size_t>(t)], 2);
+      }
+      for (int set = 0; set < PL.position_sets; ++set) {
+        const int32_t p = c.positions(layer, set)[static_cast<size_t>(t)];
+        std::memcpy(page + PL.position_offset(set, s), &p, 4);
+      }
+    }
+  }
+  out.window_capacity = static_cast<int32_t>(options.window_capacity < 0 ? max_window : options.window_capacity);
+  require(out.window_capacity >= max_window, "to_paged: window_capacity " + std::to_string(out.window_capacity) +
+                                                 " is smaller than the largest window (" + std::to_string(max_window) +
+                                                 ")");
+  const size_t cap = static_cast<size_t>(out.window_capacity);
+  out.window_keys.assign(static_cast<size_t>(B) * H * cap * d, 0);
+  out.window_values.assign(out.window_keys.size(), 0);
+  out.window_lens = window;
+  out.window_positions.assign(static_cast<size_t>(B) * PL.position_sets * cap, 0);
+  out.window_pinned.assign(static_cast<size_t>(B), 0);
+  if (L.center) out.means.assign(static_cast<size_t>(B) * H * 2 * d, 0);
+  for (int b = 0; b < B; ++b) {
+    const CompressedKV& c = *batch[static_cast<size_t>(b)];
+    const auto& ld = c.layer(layer);
+    const size_t nw = static_cast<size_t>(window[static_cast<size_t>(b)]);
+    out.window_pinned[static_cast<size_t>(b)] = static_cast<int32_t>(ld.pinned);
+    for (int h = 0; h < H; ++h) {
+      const auto& hd = ld.heads[static_cast<size_t>(h)];
+      const size_t base = (static_cast<size_t>(b) * H + h) * cap * d;
+      std::copy(hd.window_keys.begin(), hd.window_keys.begin() + nw * d, out.window_keys.begin() + base);
+      std::copy(hd.window_values.begin(), hd.window_values.begin() + nw * d, out.window_values.begin() + base);
+      if (L.center) {
+        const size_t m = (static_cast<size_t>(b) * H + h) * 2 * d;
+        require(hd.key_mean.empty() || hd.key_mean.size() == static_cast<size_t>(d), "to_paged: key mean of wrong size");
+        require(hd.value_mean.empty() || hd.value_mean.size() == static_cast<size_t>(d), "to_paged: value mean of wrong size");
+        std::copy(hd.key_mean.begin(), hd.key_mean.end(), out.means.begin() + m);
+        std::copy(hd.value_mean.begin(), hd.value_mean.end(), out.means.begin() + m + d);
+      }
+    }
+    for (int set = 0; set < PL.position_sets; ++set) {
+      const auto& wp = c.window_positions(layer, set);
+      std::copy(wp.begin(), wp.end(), out.window_positions.begin() + (static_cast<size_t>(b) * PL.position_sets + set) * cap);
+    }
+  }
+  return out;
+}
+
+void from_paged(const PagedLayer& paged, int layer, const std::vector<CompressedKV*>& batch) {
+  const PagedLayout& PL = paged.layout;
+  require(static_cast<int>(batch.size()) == paged.table.batch(),
+          "from_paged: " + std::to_string(batch.size()) + " caches given for a batch of " +
+              std::to_string(paged.table.batch()));
+  require(paged.pool.size() == static_cast<size_t>(paged.table.n_pages) * static_cast<size_t>(PL.page_bytes),
+          "from_paged: pool size disagrees with the block table");
+  const int H = PL.kv_heads, d = PL.head_dim;
+  const size_t kcb = static_cast<size_t>(PL.key_code_bytes), vcb = static_cast<size_t>(PL.value_code_bytes);
+  const size_t cap = static_cast<size_t>(paged.window_capacity);
+  const size_t sets = static_cast<size_t>(PL.position_sets);
+  require(paged.window_pinned.empty() || paged.window_pinned.size() == batch.size(),
+          "from_paged: window_pinned must be empty or hold one count per sequence");
+  require(paged.means.empty() || paged.means.size() == batch.size() * H * 2 * d,
+          "from_paged: means must be empty or batch x heads x 2 x head_dim");
+  require(paged.window_lens.size() == batch.size() && paged.window_positions.size() >= batch.size() * sets * cap &&
+              paged.window_keys.size() >= batch.size() * H * cap * d &&
+              paged.window_values.size() >= batch.size() * H * cap * d,
+          "from_paged: window buffers are smaller than batch x heads x window_capacity");
+  for (size_t b = 0; b < batch.size(); ++b) {
+    require(batch[b] != nullptr && batch[b]->valid(), "from_paged: null or empty cache in the batch");
+    CompressedKV& c = *batch[b];
+    const PagedLayout expect = paged_layout_for(c.codecs(), layer, PL.page_tokens);
+    require(expect.page_bytes == PL.page_bytes && expect.key_code_bytes == PL.key_code_bytes &&
+                expect.value_code_bytes == PL.value_code_bytes && expect.kv_heads == H &&
+                expect.position_sets == PL.position_sets,
+            "from_paged: cache " + std::to_string(b) + " was made with different codecs than the paged layer");
+    auto& ld = c.mutable_layer(layer);
+    require(static_cast<int>(ld.positions.size()) == PL.position_sets,
+            "from_paged: cache " + std::to_string(b) + " has a different number of position sets");
+    require(paged.means.empty() != c.layout().center,
+            "from_paged: cache " + std::to_string(b) + " and the paged layer disagree on centring");
+    const bool key_coded = PL.key_gain_bytes != 0, value_coded = PL.value_gain_bytes != 0;
+    const int64_t n = paged.table.coded_lens[b];
+    const int64_t nw = paged.window_lens[b];
+    require(nw >= 0 && static_cast<size_t>(nw) <= cap, "from_paged: window length out of range");
+    for (int set = 0; set < PL.position_sets; ++set) {
+      ld.positions[static_cast<size_t>(set)].assign(static_cast<size_t>(n), 0);
+      const int32_t* wp = paged.window_positions.data() + (b * sets + static_cast<size_t>(set)) * cap;
+      ld.window_positions[static_cast<size_t>(set)].assign(wp, wp + nw);
+    }
+    for (int h = 0; h < H; ++h) {
+      auto& hd = ld.heads[static_cast<size_t>(h)];
+      hd.key_codes.assign(static_cast<size_t>(n) * kcb, 0);
+      hd.value_codes.assign(static_cast<size_t>(n) * vcb, 0);
+      hd.key_gains.assign(PL.key_gain_bytes ? static_cast<size_t>(n) : 0, 0);
+      hd.value_gains.assign(PL.value_gain_bytes ? static_cast<size_t>(n) : 0, 0);
+      const size_t base = (b * H + static_cast<size_t>(h)) * cap * d;
+      hd.window_keys.assign(paged.window_keys.begin() + base, paged.window_keys.begin() + base + nw * d);
+      hd.window_values.assign(paged.window_values.begin() + base, paged.window_values.begin() + base + nw * d);
+      // Means exist once a sequence has coded tokens (the first flush computes them).
+      hd.key_mean.clear();
+      hd.value_mean.clear();
+      if (!paged.means.empty() && n > 0) {
+        const auto m = paged.means.begin() + static_cast<std::ptrdiff_t>((b * H + static_cast<size_t>(h)) * 2 * d);
+        if (key_coded) hd.key_mean.assign(m, m + d);
+        if (value_coded) hd.value_mean.assign(m + d, m + 2 * d);
+      }
+    }
+    ld.pinned = paged.window_pinned.empty() ? 0 : paged.window_pinned[b];
+    require(ld.pinned >= 0 && ld.pinned <= nw, "from_paged: pinned count out of range");
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t slot = paged.table.slot(static_cast<int>(b), t);
+      const uint8_t* page = paged.pool.data() + (slot / PL.page_tokens) * PL.page_bytes;
+      const int s = static_cast<int>(slot % PL.page_tokens);
+      for (int h = 0; h < H; ++h) {
+        auto& hd = ld.heads[static_cast<size_t>(h)];
+        std::memcpy(&hd.key_codes[static_cast<size_t>(t) * kcb], page + PL.key_code_offset(h, s), kcb);
+        std::memcpy(&hd.value_codes[static_cast<size_t>(t) * vcb], page + PL.value_code_offset(h, s), vcb);
+        if (PL.key_gain_bytes) std::memcpy(&hd.key_gains[static_cast<size_t>(t)], page + PL.key_gain_offset(h, s), 2);
+        if (PL.value_gain_bytes)
+          std::memcpy(&hd.value_gains[static_cast<size_t>(t)], page + PL.value_gain_offset(h, s), 2);
+      }
+      for (int set = 0; set < PL.position_sets; ++set)
+        std::memcpy(&ld.positions[static_cast<size_t>(set)][static_cast<size_t>(t)], page + PL.position_offset(set, s), 4);
+    }
+    ld.original_tokens = std::max<int64_t>(ld.original_tokens, n + nw);
+  }
+}
+
+}  // namespace e8kv

@@ -1,0 +1,82 @@
+// Content digests of caches, shared by the golden-file writer (bench/container) and the
+// container test: CRC-32C over a canonical walk of everything a cache holds, so a digest taken
+// from the in-memory cache before writing can be compared with one of the cache read back.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "e8kv/cache/compressed_kv.hpp"
+#include "e8kv/entropy/checksum.hpp"
+#include "e8kv/entropy/container.hpp"
+
+namespace e8kv::test {
+
+class Digest {
+ public:
+  template <class T>
+  void add_vector(const std::vector<T>& v) {
+    add_u64(v.size());
+    if (!v.empty()) crc_ = entropy::crc32c(v.data(), v.size() * sizeof(T), crc_);
+  }
+  void add_u64(uint64_t x) {
+    unsigned char b[8];
+    for (int i = 0; i < 8; ++i) b[i] = static_cast<unsigned char>(x >> (8 * i));
+    crc_ = entropy::crc32c(b, 8, crc_);
+  }
+  uint32_t value() const { return crc_; }
+  std::string hex() const {
+    char buf[16];
+    std::snprintf(buf, sizeof buf, "%08x", crc_);
+    return buf;
+  }
+
+ private:
+  uint32_t crc_ = 0;
+};
+
+/// Digest of one layer's data (positions, codes, gains, windows, means, original_tokens, pinned).
+inline void add_layer(Digest& d, const CompressedKV::LayerData& ld) {
+  d.add_u64(static_cast<uint64_t>(ld.original_tokens));
+  d.add_u64(static_cast<uint64_t>(ld.pinned));
+  d.add_u64(ld.positions.size());
+  for (size_t s = 0; s < ld.positions.size(); ++s) {
+    d.add_vector(ld.positions[s]);
+    d.add_vector(ld.window_positions[s]);
+  }
+  d.add_u64(ld.heads.size());
+  for (const auto& h : ld.heads) {
+    d.add_vector(h.key_codes);
+    d.add_vector(h.value_codes);
+    d.add_vector(h.key_gains);
+    d.add_vector(h.value_gains);
+    d.add_vector(h.window_keys);
+    d.add_vector(h.window_values);
+    d.add_vector(h.key_mean);
+    d.add_vector(h.value_mean);
+  }
+}
+
+/// Digest of a whole cache's data (the layout is compared field by field, not digested).
+inline std::string cache_digest(const CompressedKV& cache) {
+  Digest d;
+  d.add_u64(static_cast<uint64_t>(cache.n_layers()));
+  for (int l = 0; l < cache.n_layers(); ++l) add_layer(d, cache.layer(l));
+  return d.hex();
+}
+
+/// Digest of a plain cache (dtype, shape, elements).
+inline std::string plain_digest(const entropy::PlainCache& p) {
+  Digest d;
+  d.add_u64(static_cast<uint64_t>(p.dtype));
+  d.add_u64(static_cast<uint64_t>(p.tokens));
+  d.add_u64(static_cast<uint64_t>(p.heads));
+  d.add_u64(static_cast<uint64_t>(p.head_dim));
+  d.add_u64(p.tensors.size());
+  for (const auto& t : p.tensors) d.add_vector(t);
+  return d.hex();
+}
+
+}  // namespace e8kv::test
