@@ -189,7 +189,8 @@ TEST(PagedKV, SignBitsAndErrors) {
   Batch other = make_batch({40}, "quant-k3v2", false, 0, 611);
   EXPECT_THROW(to_paged({&batch.caches[0], &other.caches[0]}, 0), Error);
   // Per-head sets of different sizes cannot share pages.
-  Batch ph = make_batch({40}, "quant-k3v2", true, 0, 612);
+  Batch ph = make_batch({100}, "quant-k3v2", true, 0, 612);  // enough tokens to code past the means
+  ASSERT_FALSE(ph.caches[0].layer(0).positions[1].empty());
   auto& ld = ph.caches[0].mutable_layer(0);
   ld.positions[1].pop_back();
   EXPECT_THROW(to_paged({&ph.caches[0]}, 0), Error);
