@@ -147,9 +147,7 @@ void Config::validate(const ModelShape& shape) const {
           "Config.layer_rates must be empty or have one entry per layer (" + std::to_string(shape.n_layers) + ")");
   require(rope.head_dim == shape.head_dim || rope.head_dim == 0 || rope.head_dim == 128,
           "Config.rope.head_dim (" + std::to_string(rope.head_dim) + ") differs from the model head_dim");
-  const bool attention_scorer =
-      scorer == select::ScorerKind::kObservationWindow || scorer == select::ScorerKind::kMultiWindow;
-  (void)attention_scorer;  // queries are checked at compress time, when eviction is on
+  // Queries for the attention scorers are checked at compress time, when eviction is on.
 }
 
 LayerRate Config::layer_rate(int layer, int n_layers) const {
