@@ -4,21 +4,19 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
 
 #include "e8kv/error.hpp"
+#include "e8kv/numeric/dot.hpp"
 #include "e8kv/numeric/half.hpp"
 #include "e8kv/numeric/random.hpp"
 
 namespace e8kv {
 
 namespace {
-inline float dot(const float* a, const float* b, int n) {
-  float s = 0.f;
-  for (int i = 0; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
+inline float dot(const float* a, const float* b, int n) { return dot_product(a, b, n); }
 }  // namespace
 
 float CacheLayout::effective_softmax_scale() const {
@@ -75,6 +73,13 @@ quant::VectorCodecArgs CacheCodecs::codec_args(int layer, int head, int kind) co
 
 namespace {
 void require_finite(const float* x, int d, const char* what) {
+  uint32_t special = 0;  // all-ones exponent: Inf or NaN (bit test: vectorizes, unlike isfinite)
+  for (int i = 0; i < d; ++i) {
+    uint32_t b;
+    std::memcpy(&b, &x[i], 4);
+    special |= static_cast<uint32_t>((b & 0x7f800000u) == 0x7f800000u);
+  }
+  if (special == 0) return;
   for (int i = 0; i < d; ++i)
     if (!std::isfinite(x[i])) throw Error(std::string(what) + ": non-finite input at element " + std::to_string(i));
 }
@@ -294,18 +299,21 @@ void CompressedKV::flush(int l) {
       const size_t kg0 = hd.key_gains.size(), vg0 = hd.value_gains.size();
       if (k_gain) hd.key_gains.resize(kg0 + static_cast<size_t>(move));
       if (v_gain) hd.value_gains.resize(vg0 + static_cast<size_t>(move));
+      // The means as floats once per head (the same values key_mean_at starts from).
+      float key_mean[512], value_mean[512];
+      fp16_bits_to_floats(hd.key_mean.data(), key_mean, hd.key_mean.size());
+      fp16_bits_to_floats(hd.value_mean.data(), value_mean, hd.value_mean.size());
       for (int64_t t = 0; t < move; ++t) {
         const size_t w = static_cast<size_t>(p + t);
         const int32_t pos = wpos[w];
-        for (int i = 0; i < d; ++i) {
-          k[i] = fp16_bits_to_float(hd.window_keys[w * d + i]);
-          v[i] = fp16_bits_to_float(hd.window_values[w * d + i]);
-        }
+        fp16_bits_to_floats(&hd.window_keys[w * d], k, static_cast<size_t>(d));
+        fp16_bits_to_floats(&hd.window_values[w * d], v, static_cast<size_t>(d));
         if (!hd.key_mean.empty()) {
-          key_mean_at(l, h, pos, mu);
+          std::copy(key_mean, key_mean + d, mu);
+          if (L.keys_pre_rope) codecs_->apply_rope_fast(mu, pos);  // = key_mean_at(l, h, pos, mu)
           for (int i = 0; i < d; ++i) k[i] -= mu[i];
         }
-        for (int i = 0; i < static_cast<int>(hd.value_mean.size()); ++i) v[i] -= fp16_bits_to_float(hd.value_mean[static_cast<size_t>(i)]);
+        for (int i = 0; i < static_cast<int>(hd.value_mean.size()); ++i) v[i] -= value_mean[i];
         uint16_t kg = 0, vg = 0;
         codecs_->encode_key(l, h, k, pos, &hd.key_codes[kc0 + static_cast<size_t>(t) * kcb], &kg);
         codecs_->encode_value(l, h, v, &hd.value_codes[vc0 + static_cast<size_t>(t) * vcb], &vg);
@@ -347,6 +355,70 @@ void softmax_inplace(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] *= inv;
 }
 
+// Keys decoded per batch of the pre-RoPE attention path (one inverse-Hadamard batch).
+constexpr int64_t kKeyTile = 16;
+
+// RoPE for the attention path, where positions mostly increase: the product of the table's two
+// upper levels (position bits 10-30) changes once per 1024 positions, so it is cached and a key
+// costs one complex product per pair to get cos/sin, then the rotation. The floats may differ
+// from rope_table_cos_sin's in the last bit (products associated differently), which attention
+// tolerates; codes never go through this path.
+class IncrementalRope {
+ public:
+  explicit IncrementalRope(const quant::RopeTableView& view)
+      : view_(view), pairs_(view.rotary_dim / 2), upper_cos_(static_cast<size_t>(pairs_)),
+        upper_sin_(static_cast<size_t>(pairs_)), cos_(static_cast<size_t>(pairs_)), sin_(static_cast<size_t>(pairs_)) {}
+
+  void apply(float* x, int32_t position) {
+    if (view_.table == nullptr || pairs_ == 0) return;
+    require(position >= 0, "RoPE position must be >= 0, got " + std::to_string(position));
+    const uint32_t p = static_cast<uint32_t>(position);
+    if ((p >> 10) != upper_) refresh(p >> 10);
+    const size_t stride = static_cast<size_t>(pairs_) * 2u;
+    const float* low = view_.table + static_cast<size_t>(p & 1023u) * stride;
+    for (int i = 0; i < pairs_; ++i) {
+      const float c0 = low[2 * i], s0 = low[2 * i + 1];
+      cos_[static_cast<size_t>(i)] = c0 * upper_cos_[static_cast<size_t>(i)] - s0 * upper_sin_[static_cast<size_t>(i)];
+      sin_[static_cast<size_t>(i)] = c0 * upper_sin_[static_cast<size_t>(i)] + s0 * upper_cos_[static_cast<size_t>(i)];
+    }
+    const float* c = cos_.data();
+    const float* s = sin_.data();
+    if (view_.layout == transform::RopeLayout::kSplitHalf) {
+      float* a = x;
+      float* b = x + pairs_;
+      for (int i = 0; i < pairs_; ++i) {
+        const float a0 = a[i], b0 = b[i];
+        a[i] = a0 * c[i] - b0 * s[i];
+        b[i] = a0 * s[i] + b0 * c[i];
+      }
+    } else {
+      for (int i = 0; i < pairs_; ++i) {
+        const float a0 = x[2 * i], b0 = x[2 * i + 1];
+        x[2 * i] = a0 * c[i] - b0 * s[i];
+        x[2 * i + 1] = a0 * s[i] + b0 * c[i];
+      }
+    }
+  }
+
+ private:
+  void refresh(uint32_t upper) {
+    upper_ = upper;
+    const size_t stride = static_cast<size_t>(pairs_) * 2u;
+    const float* mid = view_.table + static_cast<size_t>(1024u + (upper & 1023u)) * stride;
+    const float* high = view_.table + static_cast<size_t>(2048u + (upper >> 10)) * stride;
+    for (int i = 0; i < pairs_; ++i) {
+      const float c1 = mid[2 * i], s1 = mid[2 * i + 1], c2 = high[2 * i], s2 = high[2 * i + 1];
+      upper_cos_[static_cast<size_t>(i)] = c1 * c2 - s1 * s2;
+      upper_sin_[static_cast<size_t>(i)] = c1 * s2 + s1 * c2;
+    }
+  }
+
+  quant::RopeTableView view_;
+  int pairs_;
+  uint32_t upper_ = 0xFFFFFFFFu;
+  std::vector<float> upper_cos_, upper_sin_, cos_, sin_;
+};
+
 }  // namespace
 
 void CompressedKV::attend(int l, const float* q, int32_t position, float* out) const {
@@ -362,6 +434,8 @@ void CompressedKV::attend(int l, const float* q, int32_t position, float* out) c
   std::vector<float> logits, q_rot(static_cast<size_t>(G * d)), acc_rot(static_cast<size_t>(G * d)),
       acc(static_cast<size_t>(G * d));
   float kbuf[512], vbuf[512];
+  std::vector<float> key_tile(static_cast<size_t>(kKeyTile * d));
+  IncrementalRope rope(codecs_->key_rope_view());
   for (int h = 0; h < H; ++h) {
     const auto& hd = ld.heads[static_cast<size_t>(h)];
     const auto& pos = positions(l, h);
@@ -393,17 +467,28 @@ void CompressedKV::attend(int l, const float* q, int32_t position, float* out) c
       quant::dispatch_block_code(kq.codec(), [&](auto code) {
         using Code = decltype(code);
         const auto& rot = codecs_->rotation(l, h, 0);
-        for (int64_t t = 0; t < nc; ++t) {
-          quant::decode_vector<Code>(&hd.key_codes[static_cast<size_t>(t) * kcb], hd.key_gains[static_cast<size_t>(t)], d, kbuf);
-          if (rotated_dot) {
+        if (rotated_dot) {
+          for (int64_t t = 0; t < nc; ++t) {
+            quant::decode_vector<Code>(&hd.key_codes[static_cast<size_t>(t) * kcb], hd.key_gains[static_cast<size_t>(t)], d, kbuf);
             for (int g = 0; g < G; ++g)
               logits[static_cast<size_t>(g * n + t)] = (dot(&q_rot[static_cast<size_t>(g * d)], kbuf, d) + q_dot_mu[static_cast<size_t>(g)]) * scale;
-          } else {
-            rot.inverse(kbuf, kbuf);
+          }
+          return 0;
+        }
+        // Pre-RoPE: decode a tile of keys, undo the rotation for the whole tile in one batch,
+        // add the mean, re-apply RoPE at each key's position, then the G dot products.
+        for (int64_t t0 = 0; t0 < nc; t0 += kKeyTile) {
+          const int64_t m = std::min<int64_t>(kKeyTile, nc - t0);
+          for (int64_t k = 0; k < m; ++k)
+            quant::decode_vector<Code>(&hd.key_codes[static_cast<size_t>(t0 + k) * kcb],
+                                       hd.key_gains[static_cast<size_t>(t0 + k)], d, &key_tile[static_cast<size_t>(k * d)]);
+          rot.inverse_batch(key_tile.data(), key_tile.data(), static_cast<size_t>(m), static_cast<size_t>(d));
+          for (int64_t k = 0; k < m; ++k) {
+            float* kt = &key_tile[static_cast<size_t>(k * d)];
             if (k_centred)
-              for (int i = 0; i < d; ++i) kbuf[i] += kmu[i];
-            codecs_->apply_rope_fast(kbuf, pos[static_cast<size_t>(t)]);
-            for (int g = 0; g < G; ++g) logits[static_cast<size_t>(g * n + t)] = dot(qh + g * d, kbuf, d) * scale;
+              for (int i = 0; i < d; ++i) kt[i] += kmu[i];
+            rope.apply(kt, pos[static_cast<size_t>(t0 + k)]);
+            for (int g = 0; g < G; ++g) logits[static_cast<size_t>(g * n + t0 + k)] = dot(qh + g * d, kt, d) * scale;
           }
         }
         return 0;

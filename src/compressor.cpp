@@ -203,18 +203,26 @@ KVCompressor::KVCompressor(const ModelShape& shape, const Config& config) : shap
 
 namespace {
 
-// Reads one head vector, rounded to fp16 (the cache's working precision); rejects non-finite.
+// Reads one head vector, rounded to fp16 (the cache's working precision); rejects non-finite
+// values and values beyond the fp16 range (both convert to an all-ones exponent).
 void load_fp16_rounded(const TensorView& v, int64_t t, int64_t h, uint16_t* dst, const char* what) {
   float buf[512];
-  v.load(t, h, buf);
-  for (int64_t i = 0; i < v.head_dim(); ++i) {
-    if (!std::isfinite(buf[i]))
+  const size_t d = static_cast<size_t>(v.head_dim());
+  const float* src = buf;
+  if (v.dtype() == DType::kF32)  // convert in place of a copy
+    src = static_cast<const float*>(v.data()) + t * v.token_stride() + h * v.head_stride();
+  else
+    v.load(t, h, buf);
+  floats_to_fp16_bits(src, dst, d);
+  uint32_t special = 0;
+  for (size_t i = 0; i < d; ++i) special |= static_cast<uint32_t>((dst[i] & 0x7C00u) == 0x7C00u);
+  if (special == 0) return;
+  for (size_t i = 0; i < d; ++i) {
+    if (!std::isfinite(src[i]))
       throw Error(std::string(what) + ": non-finite value at token " + std::to_string(t) + ", head " + std::to_string(h));
-    const uint16_t b = float_to_fp16_bits(buf[i]);
-    if ((b & 0x7C00u) == 0x7C00u)
-      throw Error(std::string(what) + ": value " + std::to_string(buf[i]) + " at token " + std::to_string(t) +
+    if ((dst[i] & 0x7C00u) == 0x7C00u)
+      throw Error(std::string(what) + ": value " + std::to_string(src[i]) + " at token " + std::to_string(t) +
                   " exceeds the fp16 range of the cache");
-    dst[i] = b;
   }
 }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "e8kv/compressor.hpp"
+#include "e8kv/numeric/dot.hpp"
 
 namespace {
 using namespace e8kv;
@@ -77,8 +78,7 @@ void BM_AttendDenseFp32(benchmark::State& state) {
       float m = -INFINITY;
       for (int64_t t = 0; t < n; ++t) {
         const float* k = &d.k[(static_cast<size_t>(t) * kKvHeads + h) * kDim];
-        float s = 0.f;
-        for (int i = 0; i < kDim; ++i) s += q[i] * k[i];
+        const float s = dot_product(q, k, kDim);  // the dot product attend uses
         logits[static_cast<size_t>(t)] = s * scale;
         m = std::max(m, s * scale);
       }

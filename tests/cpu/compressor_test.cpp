@@ -321,6 +321,44 @@ TEST(Compressor, GqaAndMqaMatchRepeatedKVReference) {
   }
 }
 
+// attend re-applies RoPE with a cached product of the table's upper levels; decompress_head uses
+// the per-position table path. They must agree wherever positions cross a 1024 or 2^20 boundary,
+// for both pair layouts and partial rotary dims.
+TEST(Compressor, AttendMatchesDecompressAcrossRopeTableBoundaries) {
+  auto spec = default_spec(107);
+  Fixture f(spec);
+  for (int32_t first : {0, 1000, (1 << 20) - 150, (1 << 30) + 5}) {
+    for (auto layout : {transform::RopeLayout::kSplitHalf, transform::RopeLayout::kInterleaved}) {
+      for (int rotary : {0, 32}) {
+        Config cfg = Config::preset("quant-k3v2");
+        cfg.rope.layout = layout;
+        cfg.rope.rotary_dim = rotary;
+        KVCompressor c(f.shape, cfg);
+        SequenceKV seq = f.seq;
+        seq.first_position = first;
+        const auto cache = c.compress(seq);
+        for (int l = 0; l < spec.n_layers; ++l) {
+          const int64_t n = cache.stored_tokens(l, 0);
+          std::vector<float> K(static_cast<size_t>(n) * spec.n_kv_heads * spec.head_dim), V(K.size());
+          for (int h = 0; h < spec.n_kv_heads; ++h) {
+            const auto ch = cache.decompress_head(l, h);
+            for (int64_t t = 0; t < n; ++t)
+              for (int i = 0; i < spec.head_dim; ++i) {
+                K[(t * spec.n_kv_heads + h) * spec.head_dim + i] = ch.keys[t * spec.head_dim + i];
+                V[(t * spec.n_kv_heads + h) * spec.head_dim + i] = ch.values[t * spec.head_dim + i];
+              }
+          }
+          const float* q = f.query(l, 7);
+          const auto ref = dense_attention(q, K, V, n, spec.n_kv_heads, spec.n_q_heads, spec.head_dim);
+          std::vector<float> out(ref.size());
+          c.attend(cache, l, q, first + spec.tokens, out.data());
+          EXPECT_LT(rel_l2(out, ref), 2e-5) << "first position " << first << " rotary " << rotary;
+        }
+      }
+    }
+  }
+}
+
 bool same_codes(const CompressedKV& a, const CompressedKV& b) {
   if (a.n_layers() != b.n_layers()) return false;
   for (int l = 0; l < a.n_layers(); ++l) {

@@ -368,3 +368,58 @@ TEST(Half, LoadAndStoreAsFloat) {
 }
 
 }  // namespace
+
+// The batch (branch-free) conversions give the scalar conversions' bits: every fp16 pattern;
+// floats on a stride through all 2^32 patterns, every float whose low 13 bits sit at a rounding
+// boundary, and a sweep of the fp16-subnormal range (both signs).
+namespace {
+class BatchChecker {
+ public:
+  void add(uint32_t bits) {
+    patterns_.push_back(bits);
+    if (patterns_.size() == (1u << 16)) flush();
+  }
+  void flush() {
+    in_.resize(patterns_.size());
+    out_.resize(patterns_.size());
+    for (size_t i = 0; i < in_.size(); ++i) std::memcpy(&in_[i], &patterns_[i], 4);
+    e8kv::floats_to_fp16_bits(in_.data(), out_.data(), in_.size());
+    for (size_t i = 0; i < in_.size(); ++i)
+      if (out_[i] != e8kv::float_to_fp16_bits(in_[i]) && ++mismatches_ <= 5)
+        ADD_FAILURE() << "float bits 0x" << std::hex << patterns_[i];
+    checked_ += patterns_.size();
+    patterns_.clear();
+  }
+  size_t checked() const { return checked_; }
+
+ private:
+  std::vector<uint32_t> patterns_;
+  std::vector<float> in_;
+  std::vector<uint16_t> out_;
+  size_t checked_ = 0, mismatches_ = 0;
+};
+}  // namespace
+
+TEST(Half, BatchFp16DecodeMatchesScalarOnEveryPattern) {
+  std::vector<uint16_t> in(65536);
+  for (uint32_t i = 0; i < 65536; ++i) in[i] = static_cast<uint16_t>(i);
+  std::vector<float> out(in.size());
+  e8kv::fp16_bits_to_floats(in.data(), out.data(), in.size());
+  for (uint32_t i = 0; i < 65536; ++i) {
+    const float ref = e8kv::fp16_bits_to_float(static_cast<uint16_t>(i));
+    ASSERT_EQ(std::memcmp(&out[i], &ref, 4), 0) << "fp16 bits 0x" << std::hex << i;
+  }
+}
+
+TEST(Half, BatchFp16EncodeMatchesScalar) {
+  BatchChecker c;
+  for (uint64_t x = 0; x <= 0xffffffffull; x += 251) c.add(static_cast<uint32_t>(x));
+  for (uint32_t high = 0; high < (1u << 19); ++high)
+    for (uint32_t low : {0x0u, 0x1u, 0xfffu, 0x1000u, 0x1001u, 0x1fffu}) c.add(high << 13 | low);
+  for (uint32_t x = 0; x < 0x38800000u; x += 53) {
+    c.add(x);
+    c.add(x | 0x80000000u);
+  }
+  c.flush();
+  EXPECT_GT(c.checked(), 50000000u);
+}

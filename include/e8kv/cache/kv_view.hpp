@@ -89,8 +89,7 @@ class TensorView {
         break;
       }
       case DType::kF16: {
-        const uint16_t* p = static_cast<const uint16_t*>(data_) + off;
-        for (int64_t i = 0; i < dim_; ++i) out[i] = fp16_bits_to_float(p[i]);
+        fp16_bits_to_floats(static_cast<const uint16_t*>(data_) + off, out, static_cast<size_t>(dim_));
         break;
       }
       case DType::kBF16: {

@@ -13,6 +13,7 @@
 // fp16 / bf16 -> float is exact (every value is representable); NaN payloads are kept.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -94,6 +95,42 @@ E8KV_HD inline uint16_t float_to_fp16_bits(float f) {
   const uint32_t half = 1u << (shift - 1u);
   if (rest > half || (rest == half && (h & 1u))) ++h;  // may carry into the smallest normal: fine
   return static_cast<uint16_t>(sign | h);
+}
+
+/// Host batch form of float_to_fp16_bits: the same bits for every input, branch-free so the
+/// compiler vectorizes it (the scalar form branches per element on the value's range). The
+/// fp16-subnormal case uses the FPU: |x| + 0.5 rounds |x| to a multiple of 2^-24 (the float
+/// spacing in [0.5, 1)) to nearest even, which is the subnormal rounding, assuming the default
+/// rounding mode and no denormals-are-zero for results (inputs below 2^-25 give 0 either way).
+inline void floats_to_fp16_bits(const float* in, uint16_t* out, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t x = detail::float_bits(in[i]);
+    const uint32_t sign = (x >> 16) & 0x8000u;
+    const uint32_t magnitude = x & 0x7fffffffu;
+    const uint32_t nan = 0x7e00u | ((magnitude >> 13) & 0x1ffu);
+    const uint32_t normal = (magnitude - (112u << 23) + 0xfffu + ((magnitude >> 13) & 1u)) >> 13;
+    const uint32_t tiny = detail::float_bits(detail::bits_float(magnitude) + 0.5f) - 0x3f000000u;
+    uint32_t h = magnitude >= 0x38800000u ? normal : tiny;
+    h = magnitude >= 0x477ff000u ? 0x7c00u : h;
+    h = magnitude > 0x7f800000u ? nan : h;
+    out[i] = static_cast<uint16_t>(sign | h);
+  }
+}
+
+/// Host batch form of fp16_bits_to_float (the same floats, NaN payloads included), branch-free.
+inline void fp16_bits_to_floats(const uint16_t* in, float* out, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t h = in[i];
+    const uint32_t sign = (h & 0x8000u) << 16;
+    const uint32_t exponent = (h >> 10) & 0x1fu;
+    const uint32_t mantissa = h & 0x3ffu;
+    // Zero and subnormals: mantissa·2^-24, exact in float.
+    const uint32_t small = detail::float_bits(static_cast<float>(static_cast<int32_t>(mantissa)) * 5.9604644775390625e-8f);
+    uint32_t f = (exponent + 112u) << 23 | mantissa << 13;
+    f = exponent == 0x1fu ? (0x7f800000u | mantissa << 13) : f;
+    f = exponent == 0u ? small : f;
+    out[i] = detail::bits_float(sign | f);
+  }
 }
 
 /// Exact conversion of a bf16 bit pattern to float.

@@ -28,6 +28,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "e8kv/config.hpp"
@@ -120,7 +121,15 @@ E8KV_HD inline void rope_table_rotate(float* x, const RopeTableView& rope, int32
 
 // ---- block statistics and gain ---------------------------------------------------------------
 
-E8KV_HD E8KV_FORCE_INLINE bool is_finite_value(float v) { return v == v && v - v == 0.f; }
+E8KV_HD E8KV_FORCE_INLINE bool is_finite_value(float v) {
+#if E8KV_ON_DEVICE
+  return v == v && v - v == 0.f;
+#else
+  uint32_t b;  // exponent test on the bits: the same answer, and it vectorizes on the host
+  std::memcpy(&b, &v, sizeof b);
+  return (b & 0x7f800000u) != 0x7f800000u;
+#endif
+}
 
 /// Σ x_i² of one 8-block in double, index order; non-finite elements count as 0.
 E8KV_HD inline double block_sum_squares(const float x[8]) {
@@ -200,7 +209,7 @@ E8KV_HD inline void encode_rotated_vector(const float* x, int d, float scale, Ga
                                           uint16_t* gain_bits) {
   constexpr int kBytes = kIndexBytes<Code>;
   const int blocks = d / 8;
-  double norm_part[kMaxCodecHeadDim / 8] = {}, xq_part[kMaxCodecHeadDim / 8] = {}, qq_part[kMaxCodecHeadDim / 8] = {};
+  double norm_part[kMaxCodecHeadDim / 8], xq_part[kMaxCodecHeadDim / 8], qq_part[kMaxCodecHeadDim / 8];  // [0, blocks) written before read
   for (int j = 0; j < blocks; ++j) norm_part[j] = block_sum_squares(x + 8 * j);
   const double norm2 = pairwise_tree_sum(norm_part, blocks);
   const float to_u = unit_scale_factor(norm2, d, scale);
@@ -213,7 +222,10 @@ E8KV_HD inline void encode_rotated_vector(const float* x, int d, float scale, Ga
   detail::encode_blocks<Code>(u, blocks, index);
   for (int j = 0; j < blocks; ++j) {
     float q[8];
-    Code::decode(index[j], q);
+    if constexpr (codebook::host_decode::kHasTableDecode<Code>)
+      codebook::host_decode::decode_block<Code>(index[j], q);  // the same floats, vectorized
+    else
+      Code::decode(index[j], q);
     double a = 0.0, b = 0.0;
     for (int i = 0; i < 8; ++i) {
       const float v = is_finite_value(x[8 * j + i]) ? x[8 * j + i] : 0.f;

@@ -18,6 +18,7 @@
 #include <string>
 #include <type_traits>
 
+#include "e8kv/codebook/host_decode.hpp"
 #include "e8kv/config.hpp"
 #include "e8kv/error.hpp"
 #include "e8kv/numeric/fp.hpp"
@@ -183,6 +184,13 @@ template <class Code>
 E8KV_HD inline void decode_vector(const uint8_t* codes, uint16_t gain_bits, int d, float* y) {
   constexpr int kBytes = Code::kIndexBits / 8;
   const float gain = fp16_bits_to_float(gain_bits);
+#if !E8KV_ON_DEVICE
+  if constexpr (codebook::host_decode::kHasTableDecode<Code>) {
+    for (int j = 0; j < d / 8; ++j)
+      codebook::host_decode::decode_scaled_block<Code>(detail::load_index(codes + j * kBytes, kBytes), gain, y + 8 * j);
+    return;
+  }
+#endif
   for (int j = 0; j < d / 8; ++j) {
     float q[8];
     Code::decode(detail::load_index(codes + j * kBytes, kBytes), q);
