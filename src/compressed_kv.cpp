@@ -157,6 +157,15 @@ void CacheCodecs::apply_rope_fast(float* x, int32_t position) const {
   quant::rope_table_rotate(x, v, position, /*inverse=*/false);
 }
 
+void CacheCodecs::average_rope_pairs(float* x) const {
+  const int rotary = rope_->rotary_dim();
+  for (int i = 0; i < rotary / 2; ++i) {
+    int a = 0, b = 0;
+    transform::rope_pair_indices(rope_->params().layout, rotary, i, a, b);
+    x[a] = x[b] = 0.5f * (x[a] + x[b]);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 
 CompressedKV::CompressedKV(std::shared_ptr<const CacheCodecs> codecs) : codecs_(std::move(codecs)) {
@@ -214,7 +223,7 @@ CompressedKV::ByteBreakdown CompressedKV::byte_breakdown() const {
       b.codes += h.key_codes.size() + h.value_codes.size();
       b.gains += 2 * (h.key_gains.size() + h.value_gains.size());
       b.window += 2 * (h.window_keys.size() + h.window_values.size());
-      b.means += 2 * (h.key_mean.size() + h.value_mean.size());
+      b.means += 2 * (h.key_mean.size() + h.value_mean.size() + h.key_channel_scale.size());
     }
     for (size_t s = 0; s < l.positions.size(); ++s) {
       // A set whose positions (coded and window) form one contiguous run is stored as
@@ -292,6 +301,8 @@ void CompressedKV::flush(int l) {
         hd.value_mean.clear();
         for (int i = 0; i < d && k_coded; ++i) hd.key_mean.push_back(float_to_fp16_bits(static_cast<float>(km[i] / L.mean_tokens)));
         for (int i = 0; i < d && v_coded; ++i) hd.value_mean.push_back(float_to_fp16_bits(static_cast<float>(vm[i] / L.mean_tokens)));
+        if (k_coded && L.query_weighted_keys && !ld.query_energy.empty())
+          hd.key_channel_scale = key_channel_scales(l, h, ld.query_energy[static_cast<size_t>(h)], p, wpos);
       }
       const size_t kc0 = hd.key_codes.size(), vc0 = hd.value_codes.size();
       hd.key_codes.resize(kc0 + static_cast<size_t>(move) * kcb);
@@ -300,8 +311,10 @@ void CompressedKV::flush(int l) {
       if (k_gain) hd.key_gains.resize(kg0 + static_cast<size_t>(move));
       if (v_gain) hd.value_gains.resize(vg0 + static_cast<size_t>(move));
       // The means as floats once per head (the same values key_mean_at starts from).
-      float key_mean[512], value_mean[512];
+      float key_mean[512], value_mean[512], key_scale[512];
       fp16_bits_to_floats(hd.key_mean.data(), key_mean, hd.key_mean.size());
+      fp16_bits_to_floats(hd.key_channel_scale.data(), key_scale, hd.key_channel_scale.size());
+      const bool k_scaled = !hd.key_channel_scale.empty();
       fp16_bits_to_floats(hd.value_mean.data(), value_mean, hd.value_mean.size());
       for (int64_t t = 0; t < move; ++t) {
         const size_t w = static_cast<size_t>(p + t);
@@ -313,6 +326,8 @@ void CompressedKV::flush(int l) {
           if (L.keys_pre_rope) codecs_->apply_rope_fast(mu, pos);  // = key_mean_at(l, h, pos, mu)
           for (int i = 0; i < d; ++i) k[i] -= mu[i];
         }
+        if (k_scaled)
+          for (int i = 0; i < d; ++i) k[i] *= key_scale[i];
         for (int i = 0; i < static_cast<int>(hd.value_mean.size()); ++i) v[i] -= value_mean[i];
         uint16_t kg = 0, vg = 0;
         codecs_->encode_key(l, h, k, pos, &hd.key_codes[kc0 + static_cast<size_t>(t) * kcb], &kg);
@@ -327,6 +342,48 @@ void CompressedKV::flush(int l) {
     pos.insert(pos.end(), wpos.begin() + p, wpos.begin() + p + move);
     ld.window_positions[s].erase(ld.window_positions[s].begin() + p, ld.window_positions[s].begin() + p + move);
   }
+}
+
+std::vector<uint16_t> CompressedKV::key_channel_scales(int l, int h, const std::vector<float>& query_energy,
+                                                      int64_t first, const std::vector<int32_t>& wpos) const {
+  // Floor added to both energies (a share of their mean): a channel that the 32 observation
+  // queries barely touch may still matter later, and a near-constant key channel must not get
+  // an unbounded scale. The exponent is below the Cauchy–Schwarz optimum 1/4: the energies are
+  // estimated from few queries, so the scales are shrunk toward 1. Both were chosen on
+  // SmolLM2 at ctx 1024 (docs/accuracy.md, "Query-weighted keys"); KL varied by ±15 % over
+  // floor 0.01–0.5 and exponent 0.1–0.35, all far below unscaled keys.
+  constexpr double kFloor = 0.2;
+  constexpr double kExponent = 0.2;
+  const auto& L = layout();
+  const int d = L.head_dim;
+  const auto& hd = layers_[static_cast<size_t>(l)].heads[static_cast<size_t>(h)];
+  std::vector<double> key_energy(static_cast<size_t>(d), 0.0);
+  float k[512], mu[512];
+  for (int64_t t = first; t < first + L.mean_tokens; ++t) {
+    fp16_bits_to_floats(&hd.window_keys[static_cast<size_t>(t * d)], k, static_cast<size_t>(d));
+    key_mean_at(l, h, wpos[static_cast<size_t>(t)], mu);
+    for (int i = 0; i < d; ++i) key_energy[static_cast<size_t>(i)] += static_cast<double>(k[i] - mu[i]) * (k[i] - mu[i]);
+  }
+  std::vector<float> sigma2(static_cast<size_t>(d));
+  double mean_w = 0, mean_s = 0;
+  for (int i = 0; i < d; ++i) {
+    sigma2[static_cast<size_t>(i)] = static_cast<float>(key_energy[static_cast<size_t>(i)] / L.mean_tokens);
+    mean_w += query_energy[static_cast<size_t>(i)] / d;
+  }
+  codecs_->average_rope_pairs(sigma2.data());
+  for (float s : sigma2) mean_s += static_cast<double>(s) / d;
+  std::vector<double> s(static_cast<size_t>(d));
+  double log_sum = 0;
+  for (int i = 0; i < d; ++i) {
+    const double w = query_energy[static_cast<size_t>(i)] + kFloor * mean_w + 1e-30;
+    const double e = sigma2[static_cast<size_t>(i)] + kFloor * mean_s + 1e-30;
+    s[static_cast<size_t>(i)] = std::pow(w / e, kExponent);
+    log_sum += std::log(s[static_cast<size_t>(i)]);
+  }
+  const double norm = std::exp(-log_sum / d);  // geometric mean 1 (the gain absorbs any scale)
+  std::vector<uint16_t> out(static_cast<size_t>(d));
+  for (int i = 0; i < d; ++i) out[static_cast<size_t>(i)] = float_to_fp16_bits(static_cast<float>(s[static_cast<size_t>(i)] * norm));
+  return out;
 }
 
 void CompressedKV::key_mean_at(int l, int h, int32_t position, float* mu) const {
@@ -445,8 +502,16 @@ void CompressedKV::attend(int l, const float* q, int32_t position, float* out) c
     logits.assign(static_cast<size_t>(G * n), 0.f);
     const float* qh = q + static_cast<size_t>(h) * G * d;
     const bool rotated_dot = !k_fp16 && !L.keys_pre_rope;
+    // Query-weighted keys: stored keys are S·k, so k = S⁻¹·decoded (S commutes with RoPE).
+    const bool k_scaled = !hd.key_channel_scale.empty();
+    float inv_scale[512];
+    for (int i = 0; i < d && k_scaled; ++i) inv_scale[i] = 1.0f / fp16_bits_to_float(hd.key_channel_scale[static_cast<size_t>(i)]);
     if (rotated_dot)
-      for (int g = 0; g < G; ++g) codecs_->rotation(l, h, 0).forward(qh + g * d, &q_rot[static_cast<size_t>(g * d)]);
+      for (int g = 0; g < G; ++g) {
+        float qs[512];  // q·S⁻¹(decoded) = (S⁻¹q)·decoded
+        for (int i = 0; i < d; ++i) qs[i] = k_scaled ? qh[g * d + i] * inv_scale[i] : qh[g * d + i];
+        codecs_->rotation(l, h, 0).forward(qs, &q_rot[static_cast<size_t>(g * d)]);
+      }
     // Centred keys: k = μ + k̂'. Pre-RoPE: μ is added before RoPE is re-applied; post-RoPE: q·μ is
     // one extra dot per query head.
     float kmu[512], vmu[512];
@@ -485,6 +550,8 @@ void CompressedKV::attend(int l, const float* q, int32_t position, float* out) c
           rot.inverse_batch(key_tile.data(), key_tile.data(), static_cast<size_t>(m), static_cast<size_t>(d));
           for (int64_t k = 0; k < m; ++k) {
             float* kt = &key_tile[static_cast<size_t>(k * d)];
+            if (k_scaled)
+              for (int i = 0; i < d; ++i) kt[i] *= inv_scale[i];
             if (k_centred)
               for (int i = 0; i < d; ++i) kt[i] += kmu[i];
             rope.apply(kt, pos[static_cast<size_t>(t0 + k)]);
@@ -559,9 +626,13 @@ CompactHead CompressedKV::decompress_head(int l, int h) const {
   const size_t n = out.positions.size();
   out.keys.resize(n * d);
   out.values.resize(n * d);
-  float mu[512];
+  float mu[512], inv_scale[512];
+  const bool k_scaled = !hd.key_channel_scale.empty();
+  for (int i = 0; i < d && k_scaled; ++i) inv_scale[i] = 1.0f / fp16_bits_to_float(hd.key_channel_scale[static_cast<size_t>(i)]);
   for (size_t t = 0; t < pos.size(); ++t) {
     codecs_->decode_key(l, h, &hd.key_codes[t * kcb], hd.key_gains.empty() ? 0 : hd.key_gains[t], pos[t], &out.keys[t * d]);
+    if (k_scaled)  // S is constant on each RoPE pair, so it commutes with the RoPE decode_key applied
+      for (int i = 0; i < d; ++i) out.keys[t * d + i] *= inv_scale[i];
     codecs_->decode_value(l, h, &hd.value_codes[t * vcb], hd.value_gains.empty() ? 0 : hd.value_gains[t],
                           &out.values[t * d]);
     if (!hd.key_mean.empty()) {

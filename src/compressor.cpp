@@ -118,13 +118,14 @@ Config Config::parse(const std::string& spec) {
     else if (key == "fp16_sinks") c.fp16_sinks = to_bool(key, v);
     else if (key == "center") c.center = to_bool(key, v);
     else if (key == "mean_tokens") c.mean_tokens = to_int(key, v);
+    else if (key == "qweight") c.query_weighted_keys = to_bool(key, v);
     else if (key == "gqa") c.gqa_aggregation = v == "max" ? select::Aggregation::kMax : (v == "mean" ? select::Aggregation::kMean : throw Error("config field 'gqa': '" + v + "' (accepted: mean, max)"));
     else if (key == "seed") c.rotation_seed = static_cast<uint64_t>(std::stoull(v));
     else
       throw Error("config field '" + key +
                   "' is unknown; accepted: preset, key, value, evict, sinks, recent, scorer, window, pool, protect, "
                   "rope, key_gain, value_gain, key_scale, value_scale, residual, flush, per_head, fp16_sinks, center, "
-                  "mean_tokens, gqa, seed");
+                  "mean_tokens, qweight, gqa, seed");
   }
   return c;
 }
@@ -166,7 +167,8 @@ std::string Config::describe() const {
     << ",key_gain=" << quant::to_string(key_gain) << ",value_gain=" << quant::to_string(value_gain)
     << ",key_scale=" << key_scale << ",value_scale=" << value_scale << ",residual=" << residual_length
     << ",flush=" << flush_block << ",per_head=" << (per_head_selection ? 1 : 0)
-    << ",fp16_sinks=" << (fp16_sinks ? 1 : 0) << ",center=" << (center ? 1 : 0) << ",mean_tokens=" << mean_tokens;
+    << ",fp16_sinks=" << (fp16_sinks ? 1 : 0) << ",center=" << (center ? 1 : 0) << ",mean_tokens=" << mean_tokens
+    << ",qweight=" << (query_weighted_keys ? 1 : 0);
   return s.str();
 }
 
@@ -197,6 +199,7 @@ KVCompressor::KVCompressor(const ModelShape& shape, const Config& config) : shap
   L.flush_block = config_.flush_block;
   L.center = config_.center;
   L.mean_tokens = config_.mean_tokens;
+  L.query_weighted_keys = config_.query_weighted_keys;
   L.softmax_scale = config_.softmax_scale;
   codecs_ = std::make_shared<const CacheCodecs>(std::move(L));
 }
@@ -319,6 +322,32 @@ void KVCompressor::extend(CompressedKV& cache, const SequenceKV& chunk, const st
           load_fp16_rounded(kv.keys, sets[s][i], h, &hd.window_keys[w0 + i * d], "keys");
           load_fp16_rounded(kv.values, sets[s][i], h, &hd.window_values[w0 + i * d], "values");
         }
+      }
+    }
+    // Query-weighted keys: the observation queries' energy per channel, per KV head (mean over
+    // the window and the head's query group), until the first flush turns it into scales.
+    if (first_chunk && config_.query_weighted_keys && queries != nullptr && ld.query_energy.empty() &&
+        codecs_->key_quantizer(l).codec() != quant::Codec::kFp16) {
+      const TensorView& qv = (*queries)[static_cast<size_t>(l)].queries;
+      const int64_t G = shape_.n_q_heads / H;
+      require(qv.heads() == shape_.n_q_heads && qv.head_dim() == d && qv.tokens() >= 1,
+              "compress: layer " + std::to_string(l) + " queries must be [window >= 1, " +
+                  std::to_string(shape_.n_q_heads) + ", " + std::to_string(d) + "] for query-weighted keys");
+      ld.query_energy.assign(static_cast<size_t>(H), std::vector<float>(static_cast<size_t>(d), 0.f));
+      std::vector<double> acc(static_cast<size_t>(d));
+      float qbuf[512];
+      for (int64_t h = 0; h < H; ++h) {
+        std::fill(acc.begin(), acc.end(), 0.0);
+        for (int64_t w = 0; w < qv.tokens(); ++w)
+          for (int64_t g = 0; g < G; ++g) {
+            qv.load(w, h * G + g, qbuf);
+            for (int64_t i = 0; i < d; ++i) acc[static_cast<size_t>(i)] += static_cast<double>(qbuf[i]) * qbuf[i];
+          }
+        auto& e = ld.query_energy[static_cast<size_t>(h)];
+        for (int64_t i = 0; i < d; ++i)
+          e[static_cast<size_t>(i)] = static_cast<float>(acc[static_cast<size_t>(i)] / static_cast<double>(qv.tokens() * G));
+        codecs_->average_rope_pairs(e.data());
+        for (float x : e) require(std::isfinite(x), "compress: non-finite observation queries in layer " + std::to_string(l));
       }
     }
     // The first chunk's sink tokens stay in fp16 at the front of the window for good: they draw

@@ -474,7 +474,14 @@ LayerCounts checked_counts(const CompressedKV& cache, int l, int64_t chunk_token
                   ": code, gain or window sizes disagree with its position counts and codecs");
     check((hd.key_mean.empty() || hd.key_mean.size() == d) && (hd.value_mean.empty() || hd.value_mean.size() == d),
           "layer " + snum(l) + " head " + snum(h) + ": key_mean and value_mean must be empty or hold head_dim values");
+    check(hd.key_channel_scale.empty() || (hd.key_channel_scale.size() == d && L.query_weighted_keys),
+          "layer " + snum(l) + " head " + snum(h) + ": key_channel_scale must be empty or hold head_dim values "
+          "(and needs layout.query_weighted_keys)");
   }
+  check(ld.query_energy.empty() || (ld.query_energy.size() == static_cast<size_t>(L.n_kv_heads) && L.query_weighted_keys),
+        "layer " + snum(l) + ": query_energy must be empty or hold one vector per KV head");
+  for (const auto& e : ld.query_energy)
+    check(e.size() == static_cast<size_t>(L.head_dim), "layer " + snum(l) + ": query_energy vectors must hold head_dim values");
   c.n_chunks = chunks_for(c.max_stored(), chunk_tokens);
   return c;
 }
@@ -581,9 +588,12 @@ void write_chunk(std::vector<uint8_t>& out, uint32_t dir_index, uint32_t layer, 
   store_at<uint32_t>(h + 36, crc);
 }
 
-void write_prefix(ByteWriter& w, ContainerKind kind, uint64_t chunk_tokens, uint64_t n_chunks) {
+// Version 1 unless the cache uses query-weighted keys (version 2 fields).
+uint16_t format_version_for(const CacheLayout& L) { return L.query_weighted_keys ? 2 : 1; }
+
+void write_prefix(ByteWriter& w, ContainerKind kind, uint64_t chunk_tokens, uint64_t n_chunks, uint16_t version = 1) {
   w.bytes(kMagic.data(), kMagic.size());
-  w.u16(kFormatVersion);
+  w.u16(version);
   w.u16(static_cast<uint16_t>(kind));
   w.u32(0);  // flags
   w.u64(0);  // header_bytes, patched
@@ -603,7 +613,7 @@ void write_layout(ByteWriter& w, const CacheLayout& L) {
   w.u8(L.keys_pre_rope ? 1 : 0);
   w.u8(L.per_head_positions ? 1 : 0);
   w.u8(L.center ? 1 : 0);
-  w.u8(0);
+  w.u8(L.query_weighted_keys ? 1 : 0);  // version 2; reserved (0) in version 1
   w.u16(0);
   w.f32(L.key_scale);
   w.f32(L.value_scale);
@@ -633,7 +643,7 @@ void write_layout(ByteWriter& w, const CacheLayout& L) {
 }
 
 // Layer table entry: counts, then the per-head centring means (u16 lengths, fp16 values).
-void write_layer_entry(ByteWriter& w, const LayerCounts& c, const CompressedKV::LayerData& ld) {
+void write_layer_entry(ByteWriter& w, const LayerCounts& c, const CompressedKV::LayerData& ld, uint16_t version) {
   w.i64(c.original_tokens);
   w.i64(c.pinned);
   w.u64(static_cast<uint64_t>(c.first_chunk));
@@ -648,11 +658,25 @@ void write_layer_entry(ByteWriter& w, const LayerCounts& c, const CompressedKV::
     w.bytes(hd.key_mean.data(), 2 * hd.key_mean.size());
     w.bytes(hd.value_mean.data(), 2 * hd.value_mean.size());
   }
+  if (version < 2) return;
+  // Version 2: per head, the key channel scales (fp16) and the pending query energy (f32; kept
+  // until the first flush turns it into scales).
+  for (size_t h = 0; h < ld.heads.size(); ++h) {
+    const auto& hd = ld.heads[h];
+    w.u16(static_cast<uint16_t>(hd.key_channel_scale.size()));
+    w.bytes(hd.key_channel_scale.data(), 2 * hd.key_channel_scale.size());
+    const size_t ne = ld.query_energy.empty() ? 0 : ld.query_energy[h].size();
+    w.u16(static_cast<uint16_t>(ne));
+    for (size_t i = 0; i < ne; ++i) w.f32(ld.query_energy[h][i]);
+  }
 }
 
-size_t layer_entry_bytes(const CompressedKV::LayerData& ld, size_t sets) {
+size_t layer_entry_bytes(const CompressedKV::LayerData& ld, size_t sets, uint16_t version) {
   size_t b = 32 + 16 * sets;
   for (const auto& hd : ld.heads) b += 4 + 2 * (hd.key_mean.size() + hd.value_mean.size());
+  if (version >= 2)
+    for (size_t h = 0; h < ld.heads.size(); ++h)
+      b += 4 + 2 * ld.heads[h].key_channel_scale.size() + (ld.query_energy.empty() ? 0 : 4 * ld.query_energy[h].size());
   return b;
 }
 
@@ -687,9 +711,10 @@ std::vector<uint8_t> encode_cache(const CompressedKV& cache, const ContainerOpti
   check(n_chunks <= std::numeric_limits<uint32_t>::max(), "too many chunks; raise chunk_tokens");
   std::vector<uint8_t> out;
   ByteWriter w(out);
-  write_prefix(w, ContainerKind::kCompressedCache, static_cast<uint64_t>(T), static_cast<uint64_t>(n_chunks));
+  const uint16_t version = format_version_for(L);
+  write_prefix(w, ContainerKind::kCompressedCache, static_cast<uint64_t>(T), static_cast<uint64_t>(n_chunks), version);
   write_layout(w, L);
-  for (int l = 0; l < L.n_layers; ++l) write_layer_entry(w, counts[static_cast<size_t>(l)], cache.layer(l));
+  for (int l = 0; l < L.n_layers; ++l) write_layer_entry(w, counts[static_cast<size_t>(l)], cache.layer(l), version);
   const size_t dir_at = out.size();
   const size_t header_bytes = dir_at + kDirectoryEntryBytes * static_cast<size_t>(n_chunks) + 4;
   out.resize(header_bytes);
@@ -833,6 +858,8 @@ struct Header {
   ContainerInfo info;
   std::vector<LayerCounts> layers;
   std::vector<std::vector<std::vector<uint16_t>>> key_mean, value_mean;  // [layer][head]
+  std::vector<std::vector<std::vector<uint16_t>>> key_channel_scale;     // [layer][head] (version 2)
+  std::vector<std::vector<std::vector<float>>> query_energy;             // [layer][head or none] (version 2)
   std::vector<DirEntry> dir;
   uint64_t header_bytes = 0;
   uint64_t max_chunk_raw = 0;  // largest raw (decoded) chunk payload: scratch bound
@@ -877,7 +904,7 @@ uint64_t layer_range_bytes(const CacheLayout& L, int l, const LayerCounts& c, in
   return b;
 }
 
-void read_layout(ByteReader& r, CacheLayout& L) {
+void read_layout(ByteReader& r, CacheLayout& L, uint16_t version) {
   const uint32_t n_layers = r.u32("n_layers");
   const uint32_t n_kv = r.u32("n_kv_heads");
   const uint32_t n_q = r.u32("n_q_heads");
@@ -899,7 +926,11 @@ void read_layout(ByteReader& r, CacheLayout& L) {
   check(pre <= 1, "layout keys_pre_rope must be 0 or 1, got " + num(pre));
   check(per_head <= 1, "layout per_head_positions must be 0 or 1, got " + num(per_head));
   check(center <= 1, "layout center must be 0 or 1, got " + num(center));
-  check(r.u8("reserved") == 0 && r.u16("reserved") == 0, "layout reserved bytes must be 0");
+  const uint8_t qweight = r.u8(version >= 2 ? "query_weighted_keys" : "reserved");
+  check(qweight <= (version >= 2 ? 1 : 0),
+        version >= 2 ? "layout query_weighted_keys must be 0 or 1, got " + num(qweight) : std::string("layout reserved bytes must be 0"));
+  check(r.u16("reserved") == 0, "layout reserved bytes must be 0");
+  L.query_weighted_keys = qweight == 1;
   L.keys_pre_rope = pre == 1;
   L.per_head_positions = per_head == 1;
   L.center = center == 1;
@@ -993,7 +1024,7 @@ Header parse_header(Source& src, const DeserializeOptions& o, ContainerKind expe
   uint64_t decoded = 0;
   if (h.info.kind == ContainerKind::kCompressedCache) {
     CacheLayout& L = h.info.layout;
-    read_layout(r, L);
+    read_layout(r, L, h.info.format_version);
     const size_t sets = position_sets(L);
     r.need(static_cast<size_t>(L.n_layers) * (32 + 16 * sets + 4 * static_cast<size_t>(L.n_kv_heads)), "layer table");
     int64_t next_chunk = 0;
@@ -1034,6 +1065,42 @@ Header parse_header(Source& src, const DeserializeOptions& o, ContainerKind expe
       }
       h.key_mean.push_back(std::move(km));
       h.value_mean.push_back(std::move(vm));
+      std::vector<std::vector<uint16_t>> ks(static_cast<size_t>(L.n_kv_heads));
+      std::vector<std::vector<float>> qe;
+      if (h.info.format_version >= 2) {
+        for (int hh = 0; hh < L.n_kv_heads; ++hh) {
+          const uint16_t sl = r.u16("key_channel_scale length");
+          check(sl == 0 || (sl == L.head_dim && L.query_weighted_keys),
+                "layer " + snum(l) + " head " + snum(hh) + ": key_channel_scale length " + num(sl) +
+                    " must be 0 or head_dim " + snum(L.head_dim) + " (with query_weighted_keys)");
+          r.need(2 * static_cast<size_t>(sl), "key channel scales");
+          auto& s = ks[static_cast<size_t>(hh)];
+          s.resize(sl);
+          for (auto& x : s) {
+            x = r.u16("key channel scale");
+            const float v = fp16_bits_to_float(x);
+            check(std::isfinite(v) && v > 0.f, "layer " + snum(l) + " head " + snum(hh) +
+                                                   ": key channel scales must be positive and finite");
+          }
+          const uint16_t el = r.u16("query_energy length");
+          check(el == 0 || (el == L.head_dim && L.query_weighted_keys),
+                "layer " + snum(l) + " head " + snum(hh) + ": query_energy length " + num(el) + " must be 0 or head_dim");
+          check(el == 0 || hh == 0 || !qe.empty(), "layer " + snum(l) + ": query_energy must be given for all heads or none");
+          check(el != 0 || qe.empty(), "layer " + snum(l) + ": query_energy must be given for all heads or none");
+          r.need(4 * static_cast<size_t>(el), "query energy");
+          if (el > 0) {
+            std::vector<float> e(el);
+            for (auto& x : e) {
+              x = r.f32("query energy");
+              check(std::isfinite(x) && x >= 0.f, "layer " + snum(l) + ": query energies must be finite and >= 0");
+            }
+            qe.push_back(std::move(e));
+          }
+          decoded = sat_add(decoded, 2 * static_cast<uint64_t>(sl) + 4 * static_cast<uint64_t>(el));
+        }
+      }
+      h.key_channel_scale.push_back(std::move(ks));
+      h.query_energy.push_back(std::move(qe));
       decoded = sat_add(decoded, means_bytes);
       c.n_chunks = chunks_for(c.max_stored(), T);
       check(first == static_cast<uint64_t>(next_chunk) && count == static_cast<uint64_t>(c.n_chunks),
@@ -1289,7 +1356,9 @@ CompressedKV::LayerData read_layer_range(Source& src, const Header& h, const Des
   for (int hh = 0; hh < H; ++hh) {
     out.heads[static_cast<size_t>(hh)].key_mean = h.key_mean[static_cast<size_t>(l)][static_cast<size_t>(hh)];
     out.heads[static_cast<size_t>(hh)].value_mean = h.value_mean[static_cast<size_t>(l)][static_cast<size_t>(hh)];
+    out.heads[static_cast<size_t>(hh)].key_channel_scale = h.key_channel_scale[static_cast<size_t>(l)][static_cast<size_t>(hh)];
   }
+  out.query_energy = h.query_energy[static_cast<size_t>(l)];
   out.pinned = c.pinned;  // the layer's count, as original_tokens (window index < pinned: a sink)
   if (begin >= end || c.n_chunks == 0) return out;
 
@@ -1573,6 +1642,7 @@ std::string layout_difference(const CacheLayout& a, const CacheLayout& b) {
   first(ints("residual_length", a.residual_length, b.residual_length));
   first(ints("flush_block", a.flush_block, b.flush_block));
   first(ints("center", a.center, b.center));
+  first(ints("query_weighted_keys", a.query_weighted_keys, b.query_weighted_keys));
   first(ints("mean_tokens", a.mean_tokens, b.mean_tokens));
   f32("softmax_scale", a.softmax_scale, b.softmax_scale);
   const auto& p = a.rope;
@@ -1672,7 +1742,7 @@ size_t serialized_size_bound(const CompressedKV& cache, const ContainerOptions& 
   for (int l = 0; l < L.n_layers; ++l) {
     const LayerCounts c = checked_counts(cache, l, T);
     n_chunks += static_cast<uint64_t>(c.n_chunks);
-    header += layer_entry_bytes(cache.layer(l), c.coded.size()) + kDirectoryEntryBytes * static_cast<uint64_t>(c.n_chunks);
+    header += layer_entry_bytes(cache.layer(l), c.coded.size(), format_version_for(L)) + kDirectoryEntryBytes * static_cast<uint64_t>(c.n_chunks);
     for (int64_t ci = 0; ci < c.n_chunks; ++ci) {
       std::vector<ChunkRows> rows;
       for (size_t s = 0; s < c.coded.size(); ++s) rows.push_back(chunk_rows(ci, T, c.coded[s], c.window[s]));

@@ -101,6 +101,11 @@ PagedLayer to_paged(const std::vector<const CompressedKV*>& batch, int layer, co
   const auto codecs = batch[0]->shared_codecs();
   for (const auto* c : batch)
     require(c->shared_codecs() == codecs, "to_paged: every cache of the batch must share one CacheCodecs");
+  for (const auto* c : batch)
+    for (const auto& hd : c->layer(layer).heads)
+      require(hd.key_channel_scale.empty(),
+              "to_paged: the cache uses query-weighted keys (key channel scales), which the paged GPU layout "
+              "does not carry yet; compress with qweight=0 (Config::query_weighted_keys = false) for the GPU path");
   const CacheLayout& L = codecs->layout();
   const int H = L.n_kv_heads, d = L.head_dim;
   PagedLayer out;

@@ -38,6 +38,7 @@ struct Options {
   std::vector<int> niah_sizes = {1024, 2048, 4096};
   std::vector<double> niah_depths = {0.1, 0.3, 0.5, 0.7, 0.9};  // --quick: 0.1, 0.5, 0.9
   std::string csv, md, dump_kv, only;
+  std::vector<std::pair<std::string, std::string>> extra;  // --config NAME=SPEC
   uint64_t seed = 1234;
 };
 
@@ -393,6 +394,7 @@ int usage() {
   std::fprintf(stderr,
                "usage: e8kv-eval [--model F.gguf] [--text FILE] [--ctx 512|2048|4096] [--cont T] [--chunks N]\n"
                "                 [--quick] [--no-niah] [--niah-sizes 1024,2048] [--ablations] [--only NAME,...] [--verbose]\n"
+               "                 [--config NAME=SPEC ...]   (adds an e8kv configuration, Config::parse syntax)\n"
                "                 [--csv FILE] [--md FILE] [--dump-kv DIR] [--threads N]\n"
                "defaults: the fetched SmolLM2-135M-Instruct and the two fetched corpora (scripts/fetch-data.sh)\n");
   return 2;
@@ -421,6 +423,12 @@ int main(int argc, char** argv) {
       else if (a == "--verbose") o.verbose = true;
       else if (a == "--niah-sizes") o.niah_sizes = parse_ints(next());
       else if (a == "--only") o.only = next();
+      else if (a == "--config") {
+        const std::string v = next();
+        const auto eq = v.find('=');
+        if (eq == std::string::npos || eq == 0) throw Error("--config wants NAME=SPEC (e.g. mine=preset=quant-k3v2,qweight=1)");
+        o.extra.emplace_back(v.substr(0, eq), v.substr(eq + 1));
+      }
       else if (a == "--csv") o.csv = next();
       else if (a == "--md") o.md = next();
       else if (a == "--dump-kv") o.dump_kv = next();
@@ -460,6 +468,7 @@ int main(int argc, char** argv) {
           if (c.name == name && c.name != "fp16") keep.push_back(c);
       cfgs = keep;
     }
+    for (const auto& [name, spec] : o.extra) cfgs.push_back({name, spec});
     std::vector<std::unique_ptr<KVCompressor>> comps;
     const ModelShape shape{mc.n_layers, mc.n_kv_heads, mc.n_heads, mc.head_dim};
     for (const auto& c : cfgs)

@@ -74,6 +74,12 @@ struct Config {
   bool fp16_sinks = true;   ///< the first `sinks` tokens stay in fp16 (pinned in the window)
   bool center = true;       ///< code k − μ and v − μ with per-(layer, head) fp16 means
   int mean_tokens = 64;     ///< tokens the means are estimated from (coding waits for them)
+  /// Query-weighted keys: scale each key channel pair by (query energy / key energy)^(1/4),
+  /// measured on the observation-window queries and the mean tokens, before coding (undone on
+  /// decode). It minimizes the expected q·k error rather than ‖k − k̂‖²; needs queries at
+  /// compress time (without them keys are coded unscaled). See CacheLayout::query_weighted_keys.
+  /// On by default: K3V2's next-token KL on SmolLM2 drops by a third (docs/accuracy.md).
+  bool query_weighted_keys = true;
 
   float softmax_scale = 0.f;  ///< scale of q·k; <= 0 means 1/sqrt(head_dim)
 

@@ -57,7 +57,8 @@ synth::SyntheticSpec small_spec(int layers = 2, int kv_heads = 2, int q_heads = 
 // Compresses tokens [0, tokens - appended) as a prefill and appends the rest one by one. Unless
 // the spec says otherwise, centring means come from 8 tokens (the default 64 would leave these
 // small caches entirely in the fp16 window).
-Made make_cache(const std::string& spec, const synth::SyntheticSpec& s, int appended = 0, const Config* config = nullptr) {
+Made make_cache(const std::string& spec, const synth::SyntheticSpec& s, int appended = 0, const Config* config = nullptr,
+                bool with_queries = false) {
   Made m;
   m.kv = synth::make_synthetic_kv(s);
   const Config cfg =
@@ -73,7 +74,7 @@ Made make_cache(const std::string& spec, const synth::SyntheticSpec& s, int appe
     qs.push_back({TensorView::nhd(m.kv.queries[static_cast<size_t>(l)].data(), DType::kF32, w, s.n_q_heads, s.head_dim),
                   m.kv.query_positions.data()});
   }
-  m.cache = m.compressor->compress(seq, cfg.eviction_rate > 0 ? &qs : nullptr);
+  m.cache = m.compressor->compress(seq, cfg.eviction_rate > 0 || with_queries ? &qs : nullptr);
   const size_t row = static_cast<size_t>(s.n_kv_heads) * static_cast<size_t>(s.head_dim);
   for (int t = prefill; t < s.tokens; ++t)
     for (int l = 0; l < s.n_layers; ++l)
@@ -104,6 +105,7 @@ void expect_layout_eq(const CacheLayout& a, const CacheLayout& b) {
   EXPECT_EQ(a.residual_length, b.residual_length);
   EXPECT_EQ(a.flush_block, b.flush_block);
   EXPECT_EQ(a.center, b.center);
+  EXPECT_EQ(a.query_weighted_keys, b.query_weighted_keys);
   EXPECT_EQ(a.mean_tokens, b.mean_tokens);
   EXPECT_TRUE(same_bits(a.softmax_scale, b.softmax_scale));
   const auto& p = a.rope;
@@ -139,7 +141,9 @@ void expect_layer_eq(const LayerData& a, const LayerData& b, const std::string& 
     EXPECT_EQ(x.window_values, y.window_values) << where << " head " << h;
     EXPECT_EQ(x.key_mean, y.key_mean) << where << " head " << h;
     EXPECT_EQ(x.value_mean, y.value_mean) << where << " head " << h;
+    EXPECT_EQ(x.key_channel_scale, y.key_channel_scale) << where << " head " << h;
   }
+  EXPECT_EQ(a.query_energy, b.query_energy) << where;
 }
 
 void expect_cache_eq(const CompressedKV& a, const CompressedKV& b) {
@@ -223,7 +227,9 @@ LayerData slice(const CompressedKV& c, int l, int64_t b, int64_t e) {
                            x.window_values.begin() + w1 * static_cast<int64_t>(d));
     y.key_mean = x.key_mean;
     y.value_mean = x.value_mean;
+    y.key_channel_scale = x.key_channel_scale;
   }
+  out.query_energy = ld.query_energy;
   return out;
 }
 
@@ -442,13 +448,14 @@ TEST(Transform, RejectsUnknownIdsAndBadShapes) {
 TEST(ContainerFormat, CoversEveryFieldOfTheCacheStructs) {
   struct HeadMirror {
     std::vector<uint8_t> key_codes, value_codes;
-    std::vector<uint16_t> key_gains, value_gains, window_keys, window_values, key_mean, value_mean;
+    std::vector<uint16_t> key_gains, value_gains, window_keys, window_values, key_mean, value_mean, key_channel_scale;
   };
   EXPECT_EQ(sizeof(CompressedKV::HeadData), sizeof(HeadMirror));
   struct LayerMirror {
     std::vector<std::vector<int32_t>> positions, window_positions;
     std::vector<CompressedKV::HeadData> heads;
     int64_t original_tokens, pinned;
+    std::vector<std::vector<float>> query_energy;
   };
   EXPECT_EQ(sizeof(CompressedKV::LayerData), sizeof(LayerMirror));
   struct RopeMirror {
@@ -473,6 +480,7 @@ TEST(ContainerFormat, CoversEveryFieldOfTheCacheStructs) {
     int residual_length, flush_block;
     bool center;
     int mean_tokens;
+    bool query_weighted_keys;
     float softmax_scale;
   };
   EXPECT_EQ(sizeof(CacheLayout), sizeof(LayoutMirror));
@@ -507,6 +515,66 @@ TEST(ContainerRoundTrip, EveryCodecAndGainPolicy) {
     ent::ContainerOptions o;
     o.chunk_tokens = 32;
     round_trip(m.cache, o, static_cast<uint64_t>(c));
+  }
+}
+
+// Caches without query-weighted keys are written as format version 1 (what older readers
+// accept); with them as version 2, which carries the key channel scales and, before the first
+// flush, the pending query energy — so a deserialized cache goes on exactly like the original.
+TEST(ContainerRoundTrip, QueryWeightedKeysUseVersion2AndLoseNothing) {
+  {
+    const Made m = make_cache("preset=quant-k3v2,qweight=0", small_spec(2, 2, 4, 64, 90, 41), 5, nullptr, true);
+    const auto bytes = ent::serialize(m.cache);
+    EXPECT_EQ(ent::read_info(bytes.data(), bytes.size()).format_version, 1);
+    round_trip(m.cache, ent::ContainerOptions{}, 41);
+  }
+  {
+    const Made m = make_cache("preset=quant-k3v2", small_spec(2, 2, 4, 64, 90, 42), 5, nullptr, true);
+    ASSERT_EQ(m.cache.layer(1).heads[0].key_channel_scale.size(), 64u) << "scales need queries and a flush";
+    const auto bytes = ent::serialize(m.cache);
+    EXPECT_EQ(ent::read_info(bytes.data(), bytes.size()).format_version, 2);
+    round_trip(m.cache, ent::ContainerOptions{}, 42);
+  }
+  {
+    // 6 tokens, means from 8: nothing flushed yet, the query energy is still pending.
+    synth::SyntheticSpec s = small_spec(2, 2, 4, 64, 40, 43);
+    Made m = make_cache("preset=quant-k3v2,residual=0", s, 34, nullptr, true);
+    // make_cache appended tokens 6..39, which flushed; build the pending state separately.
+    Made p = make_cache("preset=quant-k3v2,residual=0", s, 34, nullptr, true);
+    (void)m;
+    Made fresh;
+    fresh.kv = synth::make_synthetic_kv(s);
+    const Config cfg = Config::parse("preset=quant-k3v2,residual=0,mean_tokens=8");
+    fresh.compressor = std::make_unique<KVCompressor>(ModelShape{s.n_layers, s.n_kv_heads, s.n_q_heads, s.head_dim}, cfg);
+    SequenceKV seq;
+    std::vector<LayerQueries> qs;
+    for (int l = 0; l < s.n_layers; ++l) {
+      seq.layers.push_back({TensorView::nhd(fresh.kv.keys[static_cast<size_t>(l)].data(), DType::kF32, 6, s.n_kv_heads, s.head_dim),
+                            TensorView::nhd(fresh.kv.values[static_cast<size_t>(l)].data(), DType::kF32, 6, s.n_kv_heads, s.head_dim)});
+      qs.push_back({TensorView::nhd(fresh.kv.queries[static_cast<size_t>(l)].data(), DType::kF32, s.obs_window, s.n_q_heads, s.head_dim),
+                    fresh.kv.query_positions.data()});
+    }
+    CompressedKV pending = fresh.compressor->compress(seq, &qs);
+    ASSERT_EQ(pending.layer(0).query_energy.size(), 2u) << "energy waits for the first flush";
+    ASSERT_TRUE(pending.layer(0).heads[0].key_channel_scale.empty());
+    const auto bytes = ent::serialize(pending);
+    EXPECT_EQ(ent::read_info(bytes.data(), bytes.size()).format_version, 2);
+    ent::DeserializeOptions same_codecs;
+    same_codecs.codecs = pending.shared_codecs();  // append needs the compressor's codecs
+    CompressedKV back = deser(bytes, same_codecs);
+    expect_cache_eq(pending, back);
+    // Appending the same tokens to both flushes them with the same scales and codes.
+    const size_t row = static_cast<size_t>(s.n_kv_heads) * static_cast<size_t>(s.head_dim);
+    for (int t = 6; t < s.tokens; ++t)
+      for (int l = 0; l < s.n_layers; ++l) {
+        const float* k = &fresh.kv.keys[static_cast<size_t>(l)][t * row];
+        const float* v = &fresh.kv.values[static_cast<size_t>(l)][t * row];
+        fresh.compressor->append(pending, l, k, v, t);
+        fresh.compressor->append(back, l, k, v, t);
+      }
+    ASSERT_EQ(pending.layer(1).heads[1].key_channel_scale.size(), 64u);
+    expect_cache_eq(pending, back);
+    expect_cache_eq(pending, p.cache);  // = prefill of 6 + appends, built by make_cache
   }
 }
 
@@ -846,9 +914,17 @@ TEST_F(ContainerCorruption, WithoutChecksumsDamageIsDetectedOrHarmless) {
 
 TEST_F(ContainerCorruption, VersionMagicAndKindAreChecked) {
   auto t = bytes_;
-  put_at<uint16_t>(t, 8, 2);
+  ASSERT_EQ(ent::read_info(t.data(), t.size()).format_version, 2) << "the fixture uses query-weighted keys";
+  put_at<uint16_t>(t, 8, 3);
   fix_header_crc(t);
-  expect_error([&] { deser(t); }, "format version 2 is not supported");
+  expect_error([&] { deser(t); }, "format version 3 is not supported");
+  // In version 1 the query_weighted_keys byte is reserved and must be 0.
+  const Made v1 = make_cache("preset=high,residual=4,flush=8,qweight=0", small_spec(2, 2, 4, 64, 80, 61), 5);
+  t = ent::serialize(v1.cache);
+  ASSERT_EQ(ent::read_info(t.data(), t.size()).format_version, 1);
+  t[kLayoutAt + 21] = 1;
+  fix_header_crc(t);
+  expect_error([&] { deser(t); }, "reserved");
   put_at<uint16_t>(t, 8, 0);
   fix_header_crc(t);
   expect_error([&] { deser(t); }, "format version 0 is not supported");
@@ -896,7 +972,7 @@ TEST_F(ContainerCorruption, HeaderFieldsAndEnumsAreChecked) {
       {L + 18, 1, 2, "keys_pre_rope must be 0 or 1"},
       {L + 19, 1, 9, "per_head_positions must be 0 or 1"},
       {L + 20, 1, 2, "center must be 0 or 1"},
-      {L + 21, 1, 1, "reserved"},
+      {L + 21, 1, 2, "query_weighted_keys must be 0 or 1"},
       {L + 22, 2, 1, "reserved"},
       {L + 24, 4, 0xFFC00000u, "key_scale"},  // NaN
       {L + 28, 4, 0, "value_scale"},

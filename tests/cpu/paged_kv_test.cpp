@@ -204,6 +204,15 @@ TEST(PagedKV, SignBitsAndErrors) {
   Batch k2 = make_batch({40}, "quant-k2v2", false, 0, 614);
   EXPECT_THROW(from_paged(paged, 0, {&k2.caches[0]}), Error);
   EXPECT_THROW(from_paged(paged, 0, {}), Error);
+  // Query-weighted keys are not carried by the paged layout: refused, not dropped.
+  Batch qw = make_batch({100}, "quant-k3v2", false, 0, 615);
+  qw.caches[0].mutable_layer(0).heads[1].key_channel_scale.assign(64, 0x3C00);  // fp16 1.0
+  try {
+    to_paged({&qw.caches[0]}, 0);
+    ADD_FAILURE() << "to_paged accepted key channel scales";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("query-weighted keys"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -49,6 +49,14 @@ struct CacheLayout {
   /// cuts the key error several-fold for 2·d fp16 values per head.
   bool center = true;
   int mean_tokens = 64;
+  /// Query-weighted keys. The error that matters for a key is q·(k − k̂), whose expectation over
+  /// queries is Σ_i w_i e_i² with w_i the query energy of channel i, while the codec spreads its
+  /// error evenly over the channels it sees. Coding S·k (S diagonal, σ_i² the key energy) and
+  /// decoding S⁻¹·(S·k)^ gives an expected error ∝ Σ s_i² σ_i² · Σ w_i / s_i², least at
+  /// s_i ∝ (w_i / σ_i²)^(1/4) (Cauchy–Schwarz); we use a shrunk exponent (see key_channel_scales). s is equal within each RoPE pair (energies are pair-averaged), so S commutes with
+  /// RoPE and applies in either key frame. Stored per (layer, head): head_dim fp16 values, once
+  /// estimated from the observation queries and the mean tokens (compress() must get queries).
+  bool query_weighted_keys = false;
   float softmax_scale = 0.f;  ///< <= 0: 1/sqrt(head_dim)
 
   /// Bytes of the serialized descriptor counted by bytes(): a fixed part plus one entry per layer.
@@ -86,6 +94,8 @@ class CacheCodecs {
   void rope_cos_sin(int32_t position, float* cos_out, float* sin_out) const;
   /// Applies RoPE at `position` to x (head_dim floats) using rope_cos_sin (attention path).
   void apply_rope_fast(float* x, int32_t position) const;
+  /// Replaces x[a] and x[b] of every RoPE pair (a, b) by their mean (head_dim floats).
+  void average_rope_pairs(float* x) const;
 
   /// The 3-level cos/sin table (quant::build_rope_table of the rotary inverse frequencies; the
   /// unscaled ones for dynamic NTK): upload it as is for the GPU kernels.
@@ -131,6 +141,7 @@ class CompressedKV {
     std::vector<uint16_t> key_gains, value_gains;      ///< coded tokens (empty for fp16 codecs)
     std::vector<uint16_t> window_keys, window_values;  ///< window tokens × head_dim, fp16 bits
     std::vector<uint16_t> key_mean, value_mean;        ///< fp16 bits, head_dim each, once computed (centring)
+    std::vector<uint16_t> key_channel_scale;           ///< fp16 bits, head_dim (query-weighted keys) or empty
   };
   struct LayerData {
     std::vector<std::vector<int32_t>> positions;         ///< coded tokens: 1 shared set or one per head
@@ -138,6 +149,10 @@ class CompressedKV {
     std::vector<HeadData> heads;
     int64_t original_tokens = 0;  ///< tokens ever given to this layer (before eviction)
     int64_t pinned = 0;           ///< leading window tokens kept in fp16 for good (attention sinks)
+    /// Query energy per head and channel (pair-averaged), from the first chunk's observation
+    /// queries, kept until the key channel scales are estimated at the first flush. Not part of
+    /// the cache's content (never serialized, not counted).
+    std::vector<std::vector<float>> query_energy;
   };
   struct ByteBreakdown {
     size_t codes = 0, gains = 0, positions = 0, window = 0, means = 0, descriptor = 0;
@@ -186,6 +201,10 @@ class CompressedKV {
  private:
   /// The key mean of (layer, head) in the engine's post-RoPE frame at `position` (zeros if none).
   void key_mean_at(int layer, int head, int32_t position, float* mu) const;
+  /// Key channel scales of (layer, head) from the query energy and the centred window keys
+  /// [first, first + mean_tokens) (CacheLayout::query_weighted_keys), fp16 bits.
+  std::vector<uint16_t> key_channel_scales(int layer, int head, const std::vector<float>& query_energy, int64_t first,
+                                           const std::vector<int32_t>& window_positions) const;
 
   std::shared_ptr<const CacheCodecs> codecs_;
   std::vector<LayerData> layers_;

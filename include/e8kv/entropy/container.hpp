@@ -33,8 +33,10 @@
 
 namespace e8kv::entropy {
 
-/// The container format version this library writes (and the newest it reads).
-inline constexpr uint16_t kFormatVersion = 1;
+/// The newest container format version this library reads and writes. Version 2 adds
+/// query-weighted keys (a layout flag, per-head key channel scales and pending query energies);
+/// caches without that flag are still written as version 1, byte for byte as before.
+inline constexpr uint16_t kFormatVersion = 2;
 /// The 8 magic bytes at offset 0: 0x8B 'E' '8' 'K' 'V' '\r' '\n' 0x1A (a high-bit byte and a
 /// CR LF pair detect 7-bit and text-mode mangling, like PNG's signature).
 inline constexpr std::array<uint8_t, 8> kMagic = {0x8B, 'E', '8', 'K', 'V', '\r', '\n', 0x1A};
