@@ -12,6 +12,7 @@
 #include "e8kv/numeric/dot.hpp"
 #include "e8kv/numeric/half.hpp"
 #include "e8kv/numeric/random.hpp"
+#include "e8kv/quant/gain_code.hpp"
 
 namespace e8kv {
 
@@ -117,9 +118,18 @@ void CacheCodecs::encode_value(int layer, int head, const float* v, uint8_t* cod
 
 void CacheCodecs::decode_key(int layer, int head, const uint8_t* codes, uint16_t gain, int32_t position,
                              float* k) const {
+  decode_key_with_gain(layer, head, codes, fp16_bits_to_float(gain), position, k);
+}
+
+void CacheCodecs::decode_value(int layer, int head, const uint8_t* codes, uint16_t gain, float* v) const {
+  decode_value_with_gain(layer, head, codes, fp16_bits_to_float(gain), v);
+}
+
+void CacheCodecs::decode_key_with_gain(int layer, int head, const uint8_t* codes, float gain, int32_t position,
+                                       float* k) const {
   const auto& q = key_quantizer(layer);
   if (q.codec() == quant::Codec::kFp16) {
-    q.decode(codes, gain, k);
+    q.decode(codes, 0, k);
     return;
   }
   require(!layout_.keys_pre_rope || position >= 0,
@@ -127,19 +137,19 @@ void CacheCodecs::decode_key(int layer, int head, const uint8_t* codes, uint16_t
   const quant::VectorCodecArgs args = codec_args(layer, head, 0);
   const quant::RopeTableView rope = key_rope_view();
   quant::dispatch_block_code(q.codec(), [&](auto code) {
-    return quant::decode_key_vector<decltype(code)>(codes, gain, args, rope, position, k);
+    return quant::decode_key_vector_with_gain<decltype(code)>(codes, gain, args, rope, position, k);
   });
 }
 
-void CacheCodecs::decode_value(int layer, int head, const uint8_t* codes, uint16_t gain, float* v) const {
+void CacheCodecs::decode_value_with_gain(int layer, int head, const uint8_t* codes, float gain, float* v) const {
   const auto& q = value_quantizer(layer);
   if (q.codec() == quant::Codec::kFp16) {
-    q.decode(codes, gain, v);
+    q.decode(codes, 0, v);
     return;
   }
   const quant::VectorCodecArgs args = codec_args(layer, head, 1);
   quant::dispatch_block_code(q.codec(), [&](auto code) {
-    return quant::decode_value_vector<decltype(code)>(codes, gain, args, v);
+    return quant::decode_value_vector_with_gain<decltype(code)>(codes, gain, args, v);
   });
 }
 
@@ -221,7 +231,8 @@ CompressedKV::ByteBreakdown CompressedKV::byte_breakdown() const {
   for (const auto& l : layers_) {
     for (const auto& h : l.heads) {
       b.codes += h.key_codes.size() + h.value_codes.size();
-      b.gains += 2 * (h.key_gains.size() + h.value_gains.size());
+      b.gains += 2 * (h.key_gains.size() + h.value_gains.size()) + h.key_gain_codes.size() + h.value_gain_codes.size() +
+                 (h.key_gain_ref != 0 ? 2 : 0) + (h.value_gain_ref != 0 ? 2 : 0);
       b.window += 2 * (h.window_keys.size() + h.window_values.size());
       b.means += 2 * (h.key_mean.size() + h.value_mean.size() + h.key_channel_scale.size());
     }
@@ -335,6 +346,11 @@ void CompressedKV::flush(int l) {
         if (k_gain) hd.key_gains[kg0 + static_cast<size_t>(t)] = kg;
         if (v_gain) hd.value_gains[vg0 + static_cast<size_t>(t)] = vg;
       }
+      if (L.gain_bits == 8) {
+        // The block's fp16 gains become 8-bit codes; the first block sets the references.
+        if (k_gain) gains_to_codes(hd.key_gains, hd.key_gain_codes, hd.key_gain_ref);
+        if (v_gain) gains_to_codes(hd.value_gains, hd.value_gain_codes, hd.value_gain_ref);
+      }
       hd.window_keys.erase(hd.window_keys.begin() + p * d, hd.window_keys.begin() + (p + move) * d);
       hd.window_values.erase(hd.window_values.begin() + p * d, hd.window_values.begin() + (p + move) * d);
     }
@@ -384,6 +400,38 @@ std::vector<uint16_t> CompressedKV::key_channel_scales(int l, int h, const std::
   std::vector<uint16_t> out(static_cast<size_t>(d));
   for (int i = 0; i < d; ++i) out[static_cast<size_t>(i)] = float_to_fp16_bits(static_cast<float>(s[static_cast<size_t>(i)] * norm));
   return out;
+}
+
+void CompressedKV::gains_to_codes(std::vector<uint16_t>& fp16_gains, std::vector<uint8_t>& codes, uint16_t& ref) {
+  if (fp16_gains.empty()) return;
+  if (ref == 0) {
+    // Reference: the geometric mean of the first block's non-zero gains, so the ±4 octaves of
+    // the code sit around this head's typical gain.
+    double log_sum = 0;
+    int n = 0;
+    for (uint16_t g : fp16_gains) {
+      const float f = fp16_bits_to_float(g);
+      if (f > 0.f) {
+        log_sum += std::log2(static_cast<double>(f));
+        ++n;
+      }
+    }
+    ref = float_to_fp16_bits(n > 0 ? static_cast<float>(std::exp2(log_sum / n)) : 1.0f);
+    if (ref == 0) ref = float_to_fp16_bits(6.1e-5f);  // keep the reference positive
+  }
+  const float r = fp16_bits_to_float(ref);
+  for (uint16_t g : fp16_gains) codes.push_back(quant::gain_to_code(fp16_bits_to_float(g), r));
+  fp16_gains.clear();
+}
+
+float CompressedKV::HeadData::key_gain(size_t t) const {
+  if (!key_gain_codes.empty()) return quant::gain_from_code(fp16_bits_to_float(key_gain_ref), key_gain_codes[t]);
+  return key_gains.empty() ? 0.f : fp16_bits_to_float(key_gains[t]);
+}
+
+float CompressedKV::HeadData::value_gain(size_t t) const {
+  if (!value_gain_codes.empty()) return quant::gain_from_code(fp16_bits_to_float(value_gain_ref), value_gain_codes[t]);
+  return value_gains.empty() ? 0.f : fp16_bits_to_float(value_gains[t]);
 }
 
 void CompressedKV::key_mean_at(int l, int h, int32_t position, float* mu) const {
@@ -534,7 +582,7 @@ void CompressedKV::attend(int l, const float* q, int32_t position, float* out) c
         const auto& rot = codecs_->rotation(l, h, 0);
         if (rotated_dot) {
           for (int64_t t = 0; t < nc; ++t) {
-            quant::decode_vector<Code>(&hd.key_codes[static_cast<size_t>(t) * kcb], hd.key_gains[static_cast<size_t>(t)], d, kbuf);
+            quant::decode_vector_with_gain<Code>(&hd.key_codes[static_cast<size_t>(t) * kcb], hd.key_gain(static_cast<size_t>(t)), d, kbuf);
             for (int g = 0; g < G; ++g)
               logits[static_cast<size_t>(g * n + t)] = (dot(&q_rot[static_cast<size_t>(g * d)], kbuf, d) + q_dot_mu[static_cast<size_t>(g)]) * scale;
           }
@@ -545,8 +593,8 @@ void CompressedKV::attend(int l, const float* q, int32_t position, float* out) c
         for (int64_t t0 = 0; t0 < nc; t0 += kKeyTile) {
           const int64_t m = std::min<int64_t>(kKeyTile, nc - t0);
           for (int64_t k = 0; k < m; ++k)
-            quant::decode_vector<Code>(&hd.key_codes[static_cast<size_t>(t0 + k) * kcb],
-                                       hd.key_gains[static_cast<size_t>(t0 + k)], d, &key_tile[static_cast<size_t>(k * d)]);
+            quant::decode_vector_with_gain<Code>(&hd.key_codes[static_cast<size_t>(t0 + k) * kcb],
+                                                 hd.key_gain(static_cast<size_t>(t0 + k)), d, &key_tile[static_cast<size_t>(k * d)]);
           rot.inverse_batch(key_tile.data(), key_tile.data(), static_cast<size_t>(m), static_cast<size_t>(d));
           for (int64_t k = 0; k < m; ++k) {
             float* kt = &key_tile[static_cast<size_t>(k * d)];
@@ -586,7 +634,7 @@ void CompressedKV::attend(int l, const float* q, int32_t position, float* out) c
       quant::dispatch_block_code(vq.codec(), [&](auto code) {
         using Code = decltype(code);
         for (int64_t t = 0; t < nc; ++t) {
-          quant::decode_vector<Code>(&hd.value_codes[static_cast<size_t>(t) * vcb], hd.value_gains[static_cast<size_t>(t)], d, vbuf);
+          quant::decode_vector_with_gain<Code>(&hd.value_codes[static_cast<size_t>(t) * vcb], hd.value_gain(static_cast<size_t>(t)), d, vbuf);
           accumulate(acc_rot, t, vbuf);
         }
         return 0;
@@ -630,11 +678,10 @@ CompactHead CompressedKV::decompress_head(int l, int h) const {
   const bool k_scaled = !hd.key_channel_scale.empty();
   for (int i = 0; i < d && k_scaled; ++i) inv_scale[i] = 1.0f / fp16_bits_to_float(hd.key_channel_scale[static_cast<size_t>(i)]);
   for (size_t t = 0; t < pos.size(); ++t) {
-    codecs_->decode_key(l, h, &hd.key_codes[t * kcb], hd.key_gains.empty() ? 0 : hd.key_gains[t], pos[t], &out.keys[t * d]);
+    codecs_->decode_key_with_gain(l, h, &hd.key_codes[t * kcb], hd.key_gain(t), pos[t], &out.keys[t * d]);
     if (k_scaled)  // S is constant on each RoPE pair, so it commutes with the RoPE decode_key applied
       for (int i = 0; i < d; ++i) out.keys[t * d + i] *= inv_scale[i];
-    codecs_->decode_value(l, h, &hd.value_codes[t * vcb], hd.value_gains.empty() ? 0 : hd.value_gains[t],
-                          &out.values[t * d]);
+    codecs_->decode_value_with_gain(l, h, &hd.value_codes[t * vcb], hd.value_gain(t), &out.values[t * d]);
     if (!hd.key_mean.empty()) {
       key_mean_at(l, h, pos[t], mu);
       for (int i = 0; i < d; ++i) out.keys[t * d + i] += mu[i];

@@ -119,13 +119,14 @@ Config Config::parse(const std::string& spec) {
     else if (key == "center") c.center = to_bool(key, v);
     else if (key == "mean_tokens") c.mean_tokens = to_int(key, v);
     else if (key == "qweight") c.query_weighted_keys = to_bool(key, v);
+    else if (key == "gain_bits") c.gain_bits = to_int(key, v);
     else if (key == "gqa") c.gqa_aggregation = v == "max" ? select::Aggregation::kMax : (v == "mean" ? select::Aggregation::kMean : throw Error("config field 'gqa': '" + v + "' (accepted: mean, max)"));
     else if (key == "seed") c.rotation_seed = static_cast<uint64_t>(std::stoull(v));
     else
       throw Error("config field '" + key +
                   "' is unknown; accepted: preset, key, value, evict, sinks, recent, scorer, window, pool, protect, "
                   "rope, key_gain, value_gain, key_scale, value_scale, residual, flush, per_head, fp16_sinks, center, "
-                  "mean_tokens, qweight, gqa, seed");
+                  "mean_tokens, qweight, gain_bits, gqa, seed");
   }
   return c;
 }
@@ -142,6 +143,7 @@ void Config::validate(const ModelShape& shape) const {
   require(residual_length >= 0, "Config.residual_length must be >= 0");
   require(flush_block >= 1, "Config.flush_block must be >= 1");
   require(mean_tokens >= 1, "Config.mean_tokens must be >= 1");
+  require(gain_bits == 8 || gain_bits == 16, "Config.gain_bits must be 8 or 16, got " + std::to_string(gain_bits));
   require(key_scale > 0.f && std::isfinite(key_scale), "Config.key_scale must be positive");
   require(value_scale > 0.f && std::isfinite(value_scale), "Config.value_scale must be positive");
   require(layer_rates.empty() || static_cast<int>(layer_rates.size()) == shape.n_layers,
@@ -168,7 +170,7 @@ std::string Config::describe() const {
     << ",key_scale=" << key_scale << ",value_scale=" << value_scale << ",residual=" << residual_length
     << ",flush=" << flush_block << ",per_head=" << (per_head_selection ? 1 : 0)
     << ",fp16_sinks=" << (fp16_sinks ? 1 : 0) << ",center=" << (center ? 1 : 0) << ",mean_tokens=" << mean_tokens
-    << ",qweight=" << (query_weighted_keys ? 1 : 0);
+    << ",qweight=" << (query_weighted_keys ? 1 : 0) << ",gain_bits=" << gain_bits;
   return s.str();
 }
 
@@ -200,6 +202,7 @@ KVCompressor::KVCompressor(const ModelShape& shape, const Config& config) : shap
   L.center = config_.center;
   L.mean_tokens = config_.mean_tokens;
   L.query_weighted_keys = config_.query_weighted_keys;
+  L.gain_bits = config_.gain_bits;
   L.softmax_scale = config_.softmax_scale;
   codecs_ = std::make_shared<const CacheCodecs>(std::move(L));
 }

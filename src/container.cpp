@@ -5,6 +5,7 @@
 #include <zstd.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -314,9 +315,10 @@ struct CodecGeometry {
   int width = 2;          // bytes per stream element
   int64_t cols = 0;       // elements per vector
   bool has_gain = false;
+  int gain_width = 0;     // bytes per stored gain: 0 (fp16 codec), 2 (fp16 gains) or 1 (8-bit codes)
 };
 
-CodecGeometry geometry(quant::Codec c, int head_dim) {
+CodecGeometry geometry(quant::Codec c, int head_dim, int gain_bits) {
   CodecGeometry g;
   if (c == quant::Codec::kFp16) {
     g.width = 2;
@@ -328,6 +330,7 @@ CodecGeometry geometry(quant::Codec c, int head_dim) {
     g.cols = head_dim / 8;
     g.code_bytes = static_cast<size_t>(g.width) * static_cast<size_t>(g.cols);
     g.has_gain = true;
+    g.gain_width = gain_bits == 8 ? 1 : 2;
   }
   return g;
 }
@@ -460,20 +463,28 @@ LayerCounts checked_counts(const CompressedKV& cache, int l, int64_t chunk_token
   }
   check(c.original_tokens >= c.max_stored(), "layer " + snum(l) + ": original_tokens " + snum(c.original_tokens) +
                                                  " is below the stored token count " + snum(c.max_stored()));
-  const CodecGeometry kg = geometry(L.key_codec[static_cast<size_t>(l)], L.head_dim);
-  const CodecGeometry vg = geometry(L.value_codec[static_cast<size_t>(l)], L.head_dim);
+  const CodecGeometry kg = geometry(L.key_codec[static_cast<size_t>(l)], L.head_dim, L.gain_bits);
+  const CodecGeometry vg = geometry(L.value_codec[static_cast<size_t>(l)], L.head_dim, L.gain_bits);
   for (int h = 0; h < L.n_kv_heads; ++h) {
     const auto& hd = ld.heads[static_cast<size_t>(h)];
     const size_t s = sets == 1 ? 0 : static_cast<size_t>(h);
     const size_t nc = static_cast<size_t>(c.coded[s]), nw = static_cast<size_t>(c.window[s]);
     const size_t d = static_cast<size_t>(L.head_dim);
     const bool ok = hd.key_codes.size() == nc * kg.code_bytes && hd.value_codes.size() == nc * vg.code_bytes &&
-                    hd.key_gains.size() == (kg.has_gain ? nc : 0) && hd.value_gains.size() == (vg.has_gain ? nc : 0) &&
+                    hd.key_gains.size() == (kg.gain_width == 2 ? nc : 0) &&
+                    hd.value_gains.size() == (vg.gain_width == 2 ? nc : 0) &&
+                    hd.key_gain_codes.size() == (kg.gain_width == 1 ? nc : 0) &&
+                    hd.value_gain_codes.size() == (vg.gain_width == 1 ? nc : 0) &&
                     hd.window_keys.size() == nw * d && hd.window_values.size() == nw * d;
     check(ok, "layer " + snum(l) + " head " + snum(h) +
                   ": code, gain or window sizes disagree with its position counts and codecs");
     check((hd.key_mean.empty() || hd.key_mean.size() == d) && (hd.value_mean.empty() || hd.value_mean.size() == d),
           "layer " + snum(l) + " head " + snum(h) + ": key_mean and value_mean must be empty or hold head_dim values");
+    for (uint16_t ref : {hd.key_gain_ref, hd.value_gain_ref})
+      check(ref == 0 || (L.gain_bits == 8 && std::isfinite(fp16_bits_to_float(ref)) && fp16_bits_to_float(ref) > 0.f),
+            "layer " + snum(l) + " head " + snum(h) + ": gain references must be 0 or (gain_bits 8) positive and finite");
+    check((kg.gain_width != 1 || nc == 0 || hd.key_gain_ref != 0) && (vg.gain_width != 1 || nc == 0 || hd.value_gain_ref != 0),
+          "layer " + snum(l) + " head " + snum(h) + ": 8-bit gains need their reference");
     check(hd.key_channel_scale.empty() || (hd.key_channel_scale.size() == d && L.query_weighted_keys),
           "layer " + snum(l) + " head " + snum(h) + ": key_channel_scale must be empty or hold head_dim values "
           "(and needs layout.query_weighted_keys)");
@@ -589,7 +600,7 @@ void write_chunk(std::vector<uint8_t>& out, uint32_t dir_index, uint32_t layer, 
 }
 
 // Version 1 unless the cache uses query-weighted keys (version 2 fields).
-uint16_t format_version_for(const CacheLayout& L) { return L.query_weighted_keys ? 2 : 1; }
+uint16_t format_version_for(const CacheLayout& L) { return L.query_weighted_keys || L.gain_bits != 16 ? 2 : 1; }
 
 void write_prefix(ByteWriter& w, ContainerKind kind, uint64_t chunk_tokens, uint64_t n_chunks, uint16_t version = 1) {
   w.bytes(kMagic.data(), kMagic.size());
@@ -614,7 +625,8 @@ void write_layout(ByteWriter& w, const CacheLayout& L) {
   w.u8(L.per_head_positions ? 1 : 0);
   w.u8(L.center ? 1 : 0);
   w.u8(L.query_weighted_keys ? 1 : 0);  // version 2; reserved (0) in version 1
-  w.u16(0);
+  w.u8(format_version_for(L) >= 2 ? static_cast<uint8_t>(L.gain_bits) : 0);  // version 2; reserved (0) in version 1
+  w.u8(0);
   w.f32(L.key_scale);
   w.f32(L.value_scale);
   w.f32(L.softmax_scale);
@@ -668,6 +680,8 @@ void write_layer_entry(ByteWriter& w, const LayerCounts& c, const CompressedKV::
     const size_t ne = ld.query_energy.empty() ? 0 : ld.query_energy[h].size();
     w.u16(static_cast<uint16_t>(ne));
     for (size_t i = 0; i < ne; ++i) w.f32(ld.query_energy[h][i]);
+    w.u16(hd.key_gain_ref);
+    w.u16(hd.value_gain_ref);
   }
 }
 
@@ -676,7 +690,7 @@ size_t layer_entry_bytes(const CompressedKV::LayerData& ld, size_t sets, uint16_
   for (const auto& hd : ld.heads) b += 4 + 2 * (hd.key_mean.size() + hd.value_mean.size());
   if (version >= 2)
     for (size_t h = 0; h < ld.heads.size(); ++h)
-      b += 4 + 2 * ld.heads[h].key_channel_scale.size() + (ld.query_energy.empty() ? 0 : 4 * ld.query_energy[h].size());
+      b += 8 + 2 * ld.heads[h].key_channel_scale.size() + (ld.query_energy.empty() ? 0 : 4 * ld.query_energy[h].size());
   return b;
 }
 
@@ -728,8 +742,8 @@ std::vector<uint8_t> encode_cache(const CompressedKV& cache, const ContainerOpti
   for (int l = 0; l < L.n_layers; ++l) {
     const auto& ld = cache.layer(l);
     const auto& c = counts[static_cast<size_t>(l)];
-    const CodecGeometry kg = geometry(L.key_codec[static_cast<size_t>(l)], L.head_dim);
-    const CodecGeometry vg = geometry(L.value_codec[static_cast<size_t>(l)], L.head_dim);
+    const CodecGeometry kg = geometry(L.key_codec[static_cast<size_t>(l)], L.head_dim, L.gain_bits);
+    const CodecGeometry vg = geometry(L.value_codec[static_cast<size_t>(l)], L.head_dim, L.gain_bits);
     for (int64_t ci = 0; ci < c.n_chunks; ++ci) {
       std::vector<ChunkRows> rows(sets);
       for (size_t s = 0; s < sets; ++s) rows[s] = chunk_rows(ci, T, c.coded[s], c.window[s]);
@@ -782,10 +796,15 @@ std::vector<uint8_t> encode_cache(const CompressedKV& cache, const ContainerOpti
                  [](const HD& hd) { return hd.key_codes.data(); });
         per_head(StreamKind::kValueCodes, vg.has_gain ? tf.value_codes : tf.fp16, vg.cols, vg.width, true,
                  [](const HD& hd) { return hd.value_codes.data(); });
-        per_head(StreamKind::kKeyGains, tf.gains, kg.has_gain ? 1 : 0, 2, true,
-                 [](const HD& hd) { return reinterpret_cast<const uint8_t*>(hd.key_gains.data()); });
-        per_head(StreamKind::kValueGains, tf.gains, vg.has_gain ? 1 : 0, 2, true,
-                 [](const HD& hd) { return reinterpret_cast<const uint8_t*>(hd.value_gains.data()); });
+        per_head(StreamKind::kKeyGains, kg.gain_width == 1 ? Transform::kNone : tf.gains, kg.has_gain ? 1 : 0,
+                 kg.gain_width == 1 ? 1 : 2, true, [&](const HD& hd) {
+                   return kg.gain_width == 1 ? hd.key_gain_codes.data() : reinterpret_cast<const uint8_t*>(hd.key_gains.data());
+                 });
+        per_head(StreamKind::kValueGains, vg.gain_width == 1 ? Transform::kNone : tf.gains, vg.has_gain ? 1 : 0,
+                 vg.gain_width == 1 ? 1 : 2, true, [&](const HD& hd) {
+                   return vg.gain_width == 1 ? hd.value_gain_codes.data()
+                                             : reinterpret_cast<const uint8_t*>(hd.value_gains.data());
+                 });
         per_head(StreamKind::kWindowKeys, tf.fp16, static_cast<int64_t>(d), 2, false,
                  [](const HD& hd) { return reinterpret_cast<const uint8_t*>(hd.window_keys.data()); });
         per_head(StreamKind::kWindowValues, tf.fp16, static_cast<int64_t>(d), 2, false,
@@ -860,6 +879,7 @@ struct Header {
   std::vector<std::vector<std::vector<uint16_t>>> key_mean, value_mean;  // [layer][head]
   std::vector<std::vector<std::vector<uint16_t>>> key_channel_scale;     // [layer][head] (version 2)
   std::vector<std::vector<std::vector<float>>> query_energy;             // [layer][head or none] (version 2)
+  std::vector<std::vector<std::array<uint16_t, 2>>> gain_ref;             // [layer][head] key, value (version 2)
   std::vector<DirEntry> dir;
   uint64_t header_bytes = 0;
   uint64_t max_chunk_raw = 0;  // largest raw (decoded) chunk payload: scratch bound
@@ -877,9 +897,9 @@ uint64_t codecs_estimate(const CacheLayout& L) {
 }
 
 uint64_t layer_head_bytes(const CacheLayout& L, int l, int64_t coded, int64_t window) {
-  const CodecGeometry kg = geometry(L.key_codec[static_cast<size_t>(l)], L.head_dim);
-  const CodecGeometry vg = geometry(L.value_codec[static_cast<size_t>(l)], L.head_dim);
-  const uint64_t per_coded = kg.code_bytes + vg.code_bytes + (kg.has_gain ? 2 : 0) + (vg.has_gain ? 2 : 0);
+  const CodecGeometry kg = geometry(L.key_codec[static_cast<size_t>(l)], L.head_dim, L.gain_bits);
+  const CodecGeometry vg = geometry(L.value_codec[static_cast<size_t>(l)], L.head_dim, L.gain_bits);
+  const uint64_t per_coded = kg.code_bytes + vg.code_bytes + static_cast<uint64_t>(kg.gain_width + vg.gain_width);
   const uint64_t per_window = 4 * static_cast<uint64_t>(L.head_dim);
   return sat_add(sat_mul(static_cast<uint64_t>(coded), per_coded), sat_mul(static_cast<uint64_t>(window), per_window));
 }
@@ -929,8 +949,14 @@ void read_layout(ByteReader& r, CacheLayout& L, uint16_t version) {
   const uint8_t qweight = r.u8(version >= 2 ? "query_weighted_keys" : "reserved");
   check(qweight <= (version >= 2 ? 1 : 0),
         version >= 2 ? "layout query_weighted_keys must be 0 or 1, got " + num(qweight) : std::string("layout reserved bytes must be 0"));
-  check(r.u16("reserved") == 0, "layout reserved bytes must be 0");
+  const uint8_t gain_bits = r.u8(version >= 2 ? "gain_bits" : "reserved");
+  if (version >= 2)
+    check(gain_bits == 8 || gain_bits == 16, "layout gain_bits must be 8 or 16, got " + num(gain_bits));
+  else
+    check(gain_bits == 0, "layout reserved bytes must be 0");
+  check(r.u8("reserved") == 0, "layout reserved bytes must be 0");
   L.query_weighted_keys = qweight == 1;
+  L.gain_bits = version >= 2 ? gain_bits : 16;
   L.keys_pre_rope = pre == 1;
   L.per_head_positions = per_head == 1;
   L.center = center == 1;
@@ -1067,6 +1093,7 @@ Header parse_header(Source& src, const DeserializeOptions& o, ContainerKind expe
       h.value_mean.push_back(std::move(vm));
       std::vector<std::vector<uint16_t>> ks(static_cast<size_t>(L.n_kv_heads));
       std::vector<std::vector<float>> qe;
+      std::vector<std::array<uint16_t, 2>> gr(static_cast<size_t>(L.n_kv_heads), std::array<uint16_t, 2>{0, 0});
       if (h.info.format_version >= 2) {
         for (int hh = 0; hh < L.n_kv_heads; ++hh) {
           const uint16_t sl = r.u16("key_channel_scale length");
@@ -1097,8 +1124,16 @@ Header parse_header(Source& src, const DeserializeOptions& o, ContainerKind expe
             qe.push_back(std::move(e));
           }
           decoded = sat_add(decoded, 2 * static_cast<uint64_t>(sl) + 4 * static_cast<uint64_t>(el));
+          auto& refs = gr[static_cast<size_t>(hh)];
+          for (auto& ref : refs) {
+            ref = r.u16("gain reference");
+            const float f = fp16_bits_to_float(ref);
+            check(ref == 0 || (L.gain_bits == 8 && std::isfinite(f) && f > 0.f),
+                  "layer " + snum(l) + " head " + snum(hh) + ": gain reference must be 0 or (gain_bits 8) positive and finite");
+          }
         }
       }
+      h.gain_ref.push_back(std::move(gr));
       h.key_channel_scale.push_back(std::move(ks));
       h.query_energy.push_back(std::move(qe));
       decoded = sat_add(decoded, means_bytes);
@@ -1291,8 +1326,8 @@ class ChunkDecoder {
 
 std::vector<StreamPlan> cache_chunk_plans(const CacheLayout& L, int l, const std::vector<ChunkRows>& rows) {
   const size_t sets = rows.size();
-  const CodecGeometry kg = geometry(L.key_codec[static_cast<size_t>(l)], L.head_dim);
-  const CodecGeometry vg = geometry(L.value_codec[static_cast<size_t>(l)], L.head_dim);
+  const CodecGeometry kg = geometry(L.key_codec[static_cast<size_t>(l)], L.head_dim, L.gain_bits);
+  const CodecGeometry vg = geometry(L.value_codec[static_cast<size_t>(l)], L.head_dim, L.gain_bits);
   std::vector<StreamPlan> plans;
   StreamShape pos{{}, 1, 4};
   for (const auto& r : rows) pos.segment_rows.push_back(r.hi - r.lo);
@@ -1307,8 +1342,8 @@ std::vector<StreamPlan> cache_chunk_plans(const CacheLayout& L, int l, const std
   };
   per_head(StreamKind::kKeyCodes, kg.cols, kg.width, true);
   per_head(StreamKind::kValueCodes, vg.cols, vg.width, true);
-  per_head(StreamKind::kKeyGains, kg.has_gain ? 1 : 0, 2, true);
-  per_head(StreamKind::kValueGains, vg.has_gain ? 1 : 0, 2, true);
+  per_head(StreamKind::kKeyGains, kg.has_gain ? 1 : 0, kg.gain_width == 1 ? 1 : 2, true);
+  per_head(StreamKind::kValueGains, vg.has_gain ? 1 : 0, vg.gain_width == 1 ? 1 : 2, true);
   per_head(StreamKind::kWindowKeys, L.head_dim, 2, false);
   per_head(StreamKind::kWindowValues, L.head_dim, 2, false);
   return plans;
@@ -1323,8 +1358,8 @@ CompressedKV::LayerData read_layer_range(Source& src, const Header& h, const Des
   const size_t sets = c.coded.size();
   const int H = L.n_kv_heads;
   const size_t d = static_cast<size_t>(L.head_dim);
-  const CodecGeometry kg = geometry(L.key_codec[static_cast<size_t>(l)], L.head_dim);
-  const CodecGeometry vg = geometry(L.value_codec[static_cast<size_t>(l)], L.head_dim);
+  const CodecGeometry kg = geometry(L.key_codec[static_cast<size_t>(l)], L.head_dim, L.gain_bits);
+  const CodecGeometry vg = geometry(L.value_codec[static_cast<size_t>(l)], L.head_dim, L.gain_bits);
 
   CompressedKV::LayerData out;
   out.original_tokens = c.original_tokens;
@@ -1348,8 +1383,10 @@ CompressedKV::LayerData read_layer_range(Source& src, const Header& h, const Des
     auto& hd = out.heads[static_cast<size_t>(hh)];
     hd.key_codes.reserve(nc * kg.code_bytes);
     hd.value_codes.reserve(nc * vg.code_bytes);
-    if (kg.has_gain) hd.key_gains.reserve(nc);
-    if (vg.has_gain) hd.value_gains.reserve(nc);
+    if (kg.gain_width == 2) hd.key_gains.reserve(nc);
+    if (vg.gain_width == 2) hd.value_gains.reserve(nc);
+    if (kg.gain_width == 1) hd.key_gain_codes.reserve(nc);
+    if (vg.gain_width == 1) hd.value_gain_codes.reserve(nc);
     hd.window_keys.reserve(nw * d);
     hd.window_values.reserve(nw * d);
   }
@@ -1357,6 +1394,8 @@ CompressedKV::LayerData read_layer_range(Source& src, const Header& h, const Des
     out.heads[static_cast<size_t>(hh)].key_mean = h.key_mean[static_cast<size_t>(l)][static_cast<size_t>(hh)];
     out.heads[static_cast<size_t>(hh)].value_mean = h.value_mean[static_cast<size_t>(l)][static_cast<size_t>(hh)];
     out.heads[static_cast<size_t>(hh)].key_channel_scale = h.key_channel_scale[static_cast<size_t>(l)][static_cast<size_t>(hh)];
+    out.heads[static_cast<size_t>(hh)].key_gain_ref = h.gain_ref[static_cast<size_t>(l)][static_cast<size_t>(hh)][0];
+    out.heads[static_cast<size_t>(hh)].value_gain_ref = h.gain_ref[static_cast<size_t>(l)][static_cast<size_t>(hh)][1];
   }
   out.query_energy = h.query_energy[static_cast<size_t>(l)];
   out.pinned = c.pinned;  // the layer's count, as original_tokens (window index < pinned: a sink)
@@ -1430,8 +1469,14 @@ CompressedKV::LayerData read_layer_range(Source& src, const Header& h, const Des
     using HD = CompressedKV::HeadData;
     scatter(1, kg.code_bytes, true, [&](HD& hd, const uint8_t* a, size_t n) { append_u8(hd.key_codes, a, n); });
     scatter(2, vg.code_bytes, true, [&](HD& hd, const uint8_t* a, size_t n) { append_u8(hd.value_codes, a, n); });
-    scatter(3, kg.has_gain ? 2 : 0, true, [&](HD& hd, const uint8_t* a, size_t n) { append_u16(hd.key_gains, a, n); });
-    scatter(4, vg.has_gain ? 2 : 0, true, [&](HD& hd, const uint8_t* a, size_t n) { append_u16(hd.value_gains, a, n); });
+    scatter(3, static_cast<size_t>(kg.gain_width), true, [&](HD& hd, const uint8_t* a, size_t n) {
+      if (kg.gain_width == 1) append_u8(hd.key_gain_codes, a, n);
+      else append_u16(hd.key_gains, a, n);
+    });
+    scatter(4, static_cast<size_t>(vg.gain_width), true, [&](HD& hd, const uint8_t* a, size_t n) {
+      if (vg.gain_width == 1) append_u8(hd.value_gain_codes, a, n);
+      else append_u16(hd.value_gains, a, n);
+    });
     scatter(5, 2 * d, false, [&](HD& hd, const uint8_t* a, size_t n) { append_u16(hd.window_keys, a, n); });
     scatter(6, 2 * d, false, [&](HD& hd, const uint8_t* a, size_t n) { append_u16(hd.window_values, a, n); });
   }
@@ -1643,6 +1688,7 @@ std::string layout_difference(const CacheLayout& a, const CacheLayout& b) {
   first(ints("flush_block", a.flush_block, b.flush_block));
   first(ints("center", a.center, b.center));
   first(ints("query_weighted_keys", a.query_weighted_keys, b.query_weighted_keys));
+  first(ints("gain_bits", a.gain_bits, b.gain_bits));
   first(ints("mean_tokens", a.mean_tokens, b.mean_tokens));
   f32("softmax_scale", a.softmax_scale, b.softmax_scale);
   const auto& p = a.rope;

@@ -101,6 +101,9 @@ PagedLayer to_paged(const std::vector<const CompressedKV*>& batch, int layer, co
   const auto codecs = batch[0]->shared_codecs();
   for (const auto* c : batch)
     require(c->shared_codecs() == codecs, "to_paged: every cache of the batch must share one CacheCodecs");
+  require(codecs->layout().gain_bits == 16,
+          "to_paged: the paged GPU layout stores fp16 gains; this cache has gain_bits = " +
+              std::to_string(codecs->layout().gain_bits) + " (compress with gain_bits=16 for the GPU path)");
   for (const auto* c : batch)
     for (const auto& hd : c->layer(layer).heads)
       require(hd.key_channel_scale.empty(),
@@ -191,6 +194,10 @@ void from_paged(const PagedLayer& paged, int layer, const std::vector<Compressed
               std::to_string(paged.table.batch()));
   require(paged.pool.size() == static_cast<size_t>(paged.table.n_pages) * static_cast<size_t>(PL.page_bytes),
           "from_paged: pool size disagrees with the block table");
+  for (const auto* c : batch)
+    require(c == nullptr || !c->valid() || c->layout().gain_bits == 16,
+            "from_paged: the paged layout holds fp16 gains; the target cache has gain_bits = " +
+                std::to_string(c->layout().gain_bits));
   const int H = PL.kv_heads, d = PL.head_dim;
   const size_t kcb = static_cast<size_t>(PL.key_code_bytes), vcb = static_cast<size_t>(PL.value_code_bytes);
   const size_t cap = static_cast<size_t>(paged.window_capacity);

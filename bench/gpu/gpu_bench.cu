@@ -316,6 +316,8 @@ void bench_memory() {
   const int T = 32768, H = 8, d = 128, P = 16;
   const ModelShape shape{1, H, 4 * H, d};
   Config cfg = Config::preset("quant-k2v2");
+  cfg.gain_bits = 16;                  // the paged layout stores fp16 gains
+  cfg.query_weighted_keys = false;     // and no key channel scales
   cfg.residual_length = 0;
   cfg.flush_block = 1;
   KVCompressor compressor(shape, cfg);

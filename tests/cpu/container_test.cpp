@@ -106,6 +106,7 @@ void expect_layout_eq(const CacheLayout& a, const CacheLayout& b) {
   EXPECT_EQ(a.flush_block, b.flush_block);
   EXPECT_EQ(a.center, b.center);
   EXPECT_EQ(a.query_weighted_keys, b.query_weighted_keys);
+  EXPECT_EQ(a.gain_bits, b.gain_bits);
   EXPECT_EQ(a.mean_tokens, b.mean_tokens);
   EXPECT_TRUE(same_bits(a.softmax_scale, b.softmax_scale));
   const auto& p = a.rope;
@@ -142,6 +143,10 @@ void expect_layer_eq(const LayerData& a, const LayerData& b, const std::string& 
     EXPECT_EQ(x.key_mean, y.key_mean) << where << " head " << h;
     EXPECT_EQ(x.value_mean, y.value_mean) << where << " head " << h;
     EXPECT_EQ(x.key_channel_scale, y.key_channel_scale) << where << " head " << h;
+    EXPECT_EQ(x.key_gain_codes, y.key_gain_codes) << where << " head " << h;
+    EXPECT_EQ(x.value_gain_codes, y.value_gain_codes) << where << " head " << h;
+    EXPECT_EQ(x.key_gain_ref, y.key_gain_ref) << where << " head " << h;
+    EXPECT_EQ(x.value_gain_ref, y.value_gain_ref) << where << " head " << h;
   }
   EXPECT_EQ(a.query_energy, b.query_energy) << where;
 }
@@ -222,6 +227,11 @@ LayerData slice(const CompressedKV& c, int l, int64_t b, int64_t e) {
                          x.value_codes.begin() + c1 * static_cast<int64_t>(vcb));
     if (!x.key_gains.empty()) y.key_gains.assign(x.key_gains.begin() + c0, x.key_gains.begin() + c1);
     if (!x.value_gains.empty()) y.value_gains.assign(x.value_gains.begin() + c0, x.value_gains.begin() + c1);
+    if (!x.key_gain_codes.empty()) y.key_gain_codes.assign(x.key_gain_codes.begin() + c0, x.key_gain_codes.begin() + c1);
+    if (!x.value_gain_codes.empty())
+      y.value_gain_codes.assign(x.value_gain_codes.begin() + c0, x.value_gain_codes.begin() + c1);
+    y.key_gain_ref = x.key_gain_ref;
+    y.value_gain_ref = x.value_gain_ref;
     y.window_keys.assign(x.window_keys.begin() + w0 * static_cast<int64_t>(d), x.window_keys.begin() + w1 * static_cast<int64_t>(d));
     y.window_values.assign(x.window_values.begin() + w0 * static_cast<int64_t>(d),
                            x.window_values.begin() + w1 * static_cast<int64_t>(d));
@@ -245,6 +255,8 @@ void thin_set(CompressedKV& c, int l, int h) {
   kept.value_codes.clear();
   kept.key_gains.clear();
   kept.value_gains.clear();
+  kept.key_gain_codes.clear();
+  kept.value_gain_codes.clear();
   std::vector<int32_t> kept_pos;
   for (size_t t = 0; t < pos.size(); ++t) {
     if (t % 3 == 1) continue;
@@ -255,6 +267,8 @@ void thin_set(CompressedKV& c, int l, int h) {
                             hd.value_codes.begin() + static_cast<std::ptrdiff_t>((t + 1) * vcb));
     if (!hd.key_gains.empty()) kept.key_gains.push_back(hd.key_gains[t]);
     if (!hd.value_gains.empty()) kept.value_gains.push_back(hd.value_gains[t]);
+    if (!hd.key_gain_codes.empty()) kept.key_gain_codes.push_back(hd.key_gain_codes[t]);
+    if (!hd.value_gain_codes.empty()) kept.value_gain_codes.push_back(hd.value_gain_codes[t]);
   }
   pos = kept_pos;
   hd = kept;
@@ -449,6 +463,8 @@ TEST(ContainerFormat, CoversEveryFieldOfTheCacheStructs) {
   struct HeadMirror {
     std::vector<uint8_t> key_codes, value_codes;
     std::vector<uint16_t> key_gains, value_gains, window_keys, window_values, key_mean, value_mean, key_channel_scale;
+    std::vector<uint8_t> key_gain_codes, value_gain_codes;
+    uint16_t key_gain_ref, value_gain_ref;
   };
   EXPECT_EQ(sizeof(CompressedKV::HeadData), sizeof(HeadMirror));
   struct LayerMirror {
@@ -481,6 +497,7 @@ TEST(ContainerFormat, CoversEveryFieldOfTheCacheStructs) {
     bool center;
     int mean_tokens;
     bool query_weighted_keys;
+    int gain_bits;
     float softmax_scale;
   };
   EXPECT_EQ(sizeof(CacheLayout), sizeof(LayoutMirror));
@@ -523,7 +540,7 @@ TEST(ContainerRoundTrip, EveryCodecAndGainPolicy) {
 // flush, the pending query energy — so a deserialized cache goes on exactly like the original.
 TEST(ContainerRoundTrip, QueryWeightedKeysUseVersion2AndLoseNothing) {
   {
-    const Made m = make_cache("preset=quant-k3v2,qweight=0", small_spec(2, 2, 4, 64, 90, 41), 5, nullptr, true);
+    const Made m = make_cache("preset=quant-k3v2,qweight=0,gain_bits=16", small_spec(2, 2, 4, 64, 90, 41), 5, nullptr, true);
     const auto bytes = ent::serialize(m.cache);
     EXPECT_EQ(ent::read_info(bytes.data(), bytes.size()).format_version, 1);
     round_trip(m.cache, ent::ContainerOptions{}, 41);
@@ -576,6 +593,33 @@ TEST(ContainerRoundTrip, QueryWeightedKeysUseVersion2AndLoseNothing) {
     expect_cache_eq(pending, back);
     expect_cache_eq(pending, p.cache);  // = prefill of 6 + appends, built by make_cache
   }
+}
+
+// 8-bit gains (version 2): every preset with eviction and windows, alone and with
+// query-weighted keys, full and partial reads.
+TEST(ContainerRoundTrip, EightBitGains) {
+  int i = 0;
+  for (const char* preset : {"quant-k3v2", "quant-k4v2", "asym", "max"})
+    for (const char* qw : {"0", "1"}) {
+      const std::string spec = std::string("preset=") + preset + ",gain_bits=8,qweight=" + qw + ",residual=5,recent=8,sinks=2";
+      SCOPED_TRACE(spec);
+      const Made m = make_cache(spec, small_spec(2, 2, 4, 64, 150, 700 + static_cast<uint64_t>(i)), 13, nullptr, true);
+      ASSERT_GT(m.cache.coded_tokens(1), 0);
+      ASSERT_EQ(m.cache.layer(1).heads[0].key_gain_codes.size(), static_cast<size_t>(m.cache.coded_tokens(1)));
+      ASSERT_TRUE(m.cache.layer(1).heads[0].key_gains.empty());
+      ASSERT_NE(m.cache.layer(1).heads[0].key_gain_ref, 0);
+      const auto bytes = ent::serialize(m.cache);
+      EXPECT_EQ(ent::read_info(bytes.data(), bytes.size()).format_version, 2);
+      round_trip(m.cache, ent::ContainerOptions{}, 700 + static_cast<uint64_t>(i));
+      ent::ContainerOptions small;
+      small.chunk_tokens = 9;
+      round_trip(m.cache, small, 800 + static_cast<uint64_t>(i));
+      const auto b2 = ent::serialize(m.cache, small);
+      const CompressedKV full = deser(b2);
+      for (int l = 0; l < 2; ++l)
+        expect_layer_eq(slice(full, l, 20, 61), ent::deserialize_tokens(b2.data(), b2.size(), l, 20, 61), "partial");
+      ++i;
+    }
 }
 
 TEST(ContainerRoundTrip, EveryPresetWithEvictionAndWindows) {
@@ -919,7 +963,7 @@ TEST_F(ContainerCorruption, VersionMagicAndKindAreChecked) {
   fix_header_crc(t);
   expect_error([&] { deser(t); }, "format version 3 is not supported");
   // In version 1 the query_weighted_keys byte is reserved and must be 0.
-  const Made v1 = make_cache("preset=high,residual=4,flush=8,qweight=0", small_spec(2, 2, 4, 64, 80, 61), 5);
+  const Made v1 = make_cache("preset=high,residual=4,flush=8,qweight=0,gain_bits=16", small_spec(2, 2, 4, 64, 80, 61), 5);
   t = ent::serialize(v1.cache);
   ASSERT_EQ(ent::read_info(t.data(), t.size()).format_version, 1);
   t[kLayoutAt + 21] = 1;
@@ -973,7 +1017,8 @@ TEST_F(ContainerCorruption, HeaderFieldsAndEnumsAreChecked) {
       {L + 19, 1, 9, "per_head_positions must be 0 or 1"},
       {L + 20, 1, 2, "center must be 0 or 1"},
       {L + 21, 1, 2, "query_weighted_keys must be 0 or 1"},
-      {L + 22, 2, 1, "reserved"},
+      {L + 22, 1, 1, "gain_bits must be 8 or 16"},
+      {L + 23, 1, 1, "reserved"},
       {L + 24, 4, 0xFFC00000u, "key_scale"},  // NaN
       {L + 28, 4, 0, "value_scale"},
       {L + 32, 4, 0x7F800000u, "softmax_scale"},  // +Inf
@@ -1114,8 +1159,18 @@ TEST(ContainerWriter, RefusesInconsistentCachesAndBadOptions) {
   }
   {
     CompressedKV c = m.cache;
-    c.mutable_layer(0).heads[1].value_gains.clear();
+    c.mutable_layer(0).heads[1].value_gain_codes.clear();  // 8-bit gains (the default)
     expect_error([&] { ent::serialize(c); }, "layer 0 head 1");
+  }
+  {
+    CompressedKV c = m.cache;
+    c.mutable_layer(0).heads[1].value_gains.assign(c.layer(0).heads[1].value_gain_codes.size(), 0x3C00);
+    expect_error([&] { ent::serialize(c); }, "layer 0 head 1");  // fp16 gains in an 8-bit cache
+  }
+  {
+    CompressedKV c = m.cache;
+    c.mutable_layer(1).heads[0].key_gain_ref = 0;
+    expect_error([&] { ent::serialize(c); }, "8-bit gains need their reference");
   }
   {
     CompressedKV c = m.cache;

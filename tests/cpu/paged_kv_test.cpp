@@ -83,6 +83,7 @@ Batch make_batch(const std::vector<int>& lengths, const char* preset, bool per_h
                  bool center = true) {
   Batch out;
   Config cfg = Config::preset(preset);
+  cfg.gain_bits = 16;  // the paged layout stores fp16 gains
   cfg.center = center;
   cfg.per_head_selection = per_head;
   cfg.residual_length = residual;

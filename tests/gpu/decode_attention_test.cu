@@ -144,6 +144,8 @@ double worst_row_error(const std::vector<float>& a, const std::vector<float>& b,
 // is false; the first `sinks` = 4 tokens stay pinned in the fp16 window (the presets' defaults).
 Config config(const char* preset, int residual, int flush, bool pre_rope = true, bool center = true, int mean_tokens = 1) {
   Config c = Config::preset(preset);
+  c.gain_bits = 16;               // the paged layout stores fp16 gains
+  c.query_weighted_keys = false;  // and no key channel scales
   c.residual_length = residual;
   c.flush_block = flush;
   c.keys_pre_rope = pre_rope;

@@ -57,6 +57,10 @@ struct CacheLayout {
   /// RoPE and applies in either key frame. Stored per (layer, head): head_dim fp16 values, once
   /// estimated from the observation queries and the mean tokens (compress() must get queries).
   bool query_weighted_keys = false;
+  /// Bits per stored vector gain: 16 (fp16, HeadData::key_gains / value_gains) or 8 (a log-domain
+  /// code relative to a per-(layer, head, kind) fp16 reference, quant/gain_code.hpp;
+  /// HeadData::key_gain_codes / value_gain_codes and key_gain_ref / value_gain_ref).
+  int gain_bits = 16;
   float softmax_scale = 0.f;  ///< <= 0: 1/sqrt(head_dim)
 
   /// Bytes of the serialized descriptor counted by bytes(): a fixed part plus one entry per layer.
@@ -87,6 +91,9 @@ class CacheCodecs {
   /// Decodes a key back to the engine's basis, post-RoPE at `position` (quant::decode_key_vector).
   void decode_key(int layer, int head, const uint8_t* codes, uint16_t gain, int32_t position, float* k) const;
   void decode_value(int layer, int head, const uint8_t* codes, uint16_t gain, float* v) const;
+  /// decode_key / decode_value with the gain as a float (8-bit gain codes decode to floats).
+  void decode_key_with_gain(int layer, int head, const uint8_t* codes, float gain, int32_t position, float* k) const;
+  void decode_value_with_gain(int layer, int head, const uint8_t* codes, float gain, float* v) const;
 
   /// cos/sin of position·inv_freq[i] for the rotary pairs (count rotary_dim/2), from three
   /// small tables (position split into 10 + 10 + 11 bits) so no table grows with the context.
@@ -142,6 +149,11 @@ class CompressedKV {
     std::vector<uint16_t> window_keys, window_values;  ///< window tokens × head_dim, fp16 bits
     std::vector<uint16_t> key_mean, value_mean;        ///< fp16 bits, head_dim each, once computed (centring)
     std::vector<uint16_t> key_channel_scale;           ///< fp16 bits, head_dim (query-weighted keys) or empty
+    std::vector<uint8_t> key_gain_codes, value_gain_codes;  ///< coded tokens, when gain_bits == 8
+    uint16_t key_gain_ref = 0, value_gain_ref = 0;     ///< fp16 references of the 8-bit gains (0: not set yet)
+    /// Gain of coded token t as a float, whichever way it is stored (0 for fp16 codecs).
+    float key_gain(size_t t) const;
+    float value_gain(size_t t) const;
   };
   struct LayerData {
     std::vector<std::vector<int32_t>> positions;         ///< coded tokens: 1 shared set or one per head
@@ -201,6 +213,8 @@ class CompressedKV {
  private:
   /// The key mean of (layer, head) in the engine's post-RoPE frame at `position` (zeros if none).
   void key_mean_at(int layer, int head, int32_t position, float* mu) const;
+  /// Moves a flushed block's fp16 gains into 8-bit codes (setting the reference on first use).
+  static void gains_to_codes(std::vector<uint16_t>& fp16_gains, std::vector<uint8_t>& codes, uint16_t& ref);
   /// Key channel scales of (layer, head) from the query energy and the centred window keys
   /// [first, first + mean_tokens) (CacheLayout::query_weighted_keys), fp16 bits.
   std::vector<uint16_t> key_channel_scales(int layer, int head, const std::vector<float>& query_energy, int64_t first,

@@ -298,16 +298,30 @@ E8KV_HD inline bool encode_key_vector(const float* k, const VectorCodecArgs& a, 
 
 /// Decodes a value into v[0..head_dim) (engine basis). Returns false when head_dim is unsupported.
 template <class Code>
-E8KV_HD inline bool decode_value_vector(const uint8_t* codes, uint16_t gain_bits, const VectorCodecArgs& a, float* v) {
+E8KV_HD inline bool decode_value_vector_with_gain(const uint8_t* codes, float gain, const VectorCodecArgs& a, float* v) {
   if (!is_codec_head_dim(a.head_dim)) return false;
   constexpr int kBytes = kIndexBytes<Code>;
-  const float gain = fp16_bits_to_float(gain_bits);
   for (int j = 0; j < a.head_dim / 8; ++j) decode_block<Code>(detail::load_index(codes + j * kBytes, kBytes), gain, v + 8 * j);
   transform::randomized_hadamard_inverse(a.head_dim, a.sign_bits, v);
   return true;
 }
 
+/// decode_value_vector_with_gain with the gain stored as fp16 bits.
+template <class Code>
+E8KV_HD inline bool decode_value_vector(const uint8_t* codes, uint16_t gain_bits, const VectorCodecArgs& a, float* v) {
+  return decode_value_vector_with_gain<Code>(codes, fp16_bits_to_float(gain_bits), a, v);
+}
+
 /// Decodes a key into k[0..head_dim), post-RoPE at `position` when rope.table is set.
+template <class Code>
+E8KV_HD inline bool decode_key_vector_with_gain(const uint8_t* codes, float gain, const VectorCodecArgs& a,
+                                                const RopeTableView& rope, int32_t position, float* k) {
+  if (!decode_value_vector_with_gain<Code>(codes, gain, a, k)) return false;
+  if (rope.table != nullptr) rope_table_rotate(k, rope, position, /*inverse=*/false);
+  return true;
+}
+
+/// decode_key_vector_with_gain with the gain stored as fp16 bits.
 template <class Code>
 E8KV_HD inline bool decode_key_vector(const uint8_t* codes, uint16_t gain_bits, const VectorCodecArgs& a,
                                       const RopeTableView& rope, int32_t position, float* k) {

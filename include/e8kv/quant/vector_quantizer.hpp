@@ -179,11 +179,10 @@ E8KV_HD inline void encode_vector(const float* x, int d, float scale, GainPolicy
   *gain_bits = float_to_fp16_bits(static_cast<float>(gain));
 }
 
-/// Decodes one vector (in the rotated basis) into y[0..d).
+/// Decodes one vector (in the rotated basis) into y[0..d), given its gain as a float.
 template <class Code>
-E8KV_HD inline void decode_vector(const uint8_t* codes, uint16_t gain_bits, int d, float* y) {
+E8KV_HD inline void decode_vector_with_gain(const uint8_t* codes, float gain, int d, float* y) {
   constexpr int kBytes = Code::kIndexBits / 8;
-  const float gain = fp16_bits_to_float(gain_bits);
 #if !E8KV_ON_DEVICE
   if constexpr (codebook::host_decode::kHasTableDecode<Code>) {
     for (int j = 0; j < d / 8; ++j)
@@ -196,6 +195,12 @@ E8KV_HD inline void decode_vector(const uint8_t* codes, uint16_t gain_bits, int 
     Code::decode(detail::load_index(codes + j * kBytes, kBytes), q);
     for (int i = 0; i < 8; ++i) y[8 * j + i] = gain * q[i];
   }
+}
+
+/// Decodes one vector (in the rotated basis) into y[0..d); the gain is stored as fp16 bits.
+template <class Code>
+E8KV_HD inline void decode_vector(const uint8_t* codes, uint16_t gain_bits, int d, float* y) {
+  decode_vector_with_gain<Code>(codes, fp16_bits_to_float(gain_bits), d, y);
 }
 
 /// Host object for one (head_dim, codec, gain policy, scale) choice, with runtime dispatch.
