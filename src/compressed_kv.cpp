@@ -565,6 +565,18 @@ void CompressedKV::attend(int l, const float* q, int32_t position, float* out) c
     float kmu[512], vmu[512];
     std::vector<float> q_dot_mu(static_cast<size_t>(G));
     const bool k_centred = !hd.key_mean.empty(), v_centred = !hd.value_mean.empty();
+    // Gains as floats: fp16 bits, or 8-bit codes times the head's reference (hoisted here).
+    const auto& factors = quant::gain_code_factors();
+    const bool k_codes8 = !hd.key_gain_codes.empty(), v_codes8 = !hd.value_gain_codes.empty();
+    const float k_ref = fp16_bits_to_float(hd.key_gain_ref), v_ref = fp16_bits_to_float(hd.value_gain_ref);
+    auto key_gain = [&](int64_t t) {
+      return k_codes8 ? k_ref * factors[hd.key_gain_codes[static_cast<size_t>(t)]]
+                      : fp16_bits_to_float(hd.key_gains[static_cast<size_t>(t)]);
+    };
+    auto value_gain = [&](int64_t t) {
+      return v_codes8 ? v_ref * factors[hd.value_gain_codes[static_cast<size_t>(t)]]
+                      : fp16_bits_to_float(hd.value_gains[static_cast<size_t>(t)]);
+    };
     for (int i = 0; i < d; ++i) {
       kmu[i] = k_centred ? fp16_bits_to_float(hd.key_mean[static_cast<size_t>(i)]) : 0.f;
       vmu[i] = v_centred ? fp16_bits_to_float(hd.value_mean[static_cast<size_t>(i)]) : 0.f;
@@ -582,7 +594,7 @@ void CompressedKV::attend(int l, const float* q, int32_t position, float* out) c
         const auto& rot = codecs_->rotation(l, h, 0);
         if (rotated_dot) {
           for (int64_t t = 0; t < nc; ++t) {
-            quant::decode_vector_with_gain<Code>(&hd.key_codes[static_cast<size_t>(t) * kcb], hd.key_gain(static_cast<size_t>(t)), d, kbuf);
+            quant::decode_vector_with_gain<Code>(&hd.key_codes[static_cast<size_t>(t) * kcb], key_gain(t), d, kbuf);
             for (int g = 0; g < G; ++g)
               logits[static_cast<size_t>(g * n + t)] = (dot(&q_rot[static_cast<size_t>(g * d)], kbuf, d) + q_dot_mu[static_cast<size_t>(g)]) * scale;
           }
@@ -594,7 +606,7 @@ void CompressedKV::attend(int l, const float* q, int32_t position, float* out) c
           const int64_t m = std::min<int64_t>(kKeyTile, nc - t0);
           for (int64_t k = 0; k < m; ++k)
             quant::decode_vector_with_gain<Code>(&hd.key_codes[static_cast<size_t>(t0 + k) * kcb],
-                                                 hd.key_gain(static_cast<size_t>(t0 + k)), d, &key_tile[static_cast<size_t>(k * d)]);
+                                                 key_gain(t0 + k), d, &key_tile[static_cast<size_t>(k * d)]);
           rot.inverse_batch(key_tile.data(), key_tile.data(), static_cast<size_t>(m), static_cast<size_t>(d));
           for (int64_t k = 0; k < m; ++k) {
             float* kt = &key_tile[static_cast<size_t>(k * d)];
@@ -634,7 +646,7 @@ void CompressedKV::attend(int l, const float* q, int32_t position, float* out) c
       quant::dispatch_block_code(vq.codec(), [&](auto code) {
         using Code = decltype(code);
         for (int64_t t = 0; t < nc; ++t) {
-          quant::decode_vector_with_gain<Code>(&hd.value_codes[static_cast<size_t>(t) * vcb], hd.value_gain(static_cast<size_t>(t)), d, vbuf);
+          quant::decode_vector_with_gain<Code>(&hd.value_codes[static_cast<size_t>(t) * vcb], value_gain(t), d, vbuf);
           accumulate(acc_rot, t, vbuf);
         }
         return 0;

@@ -74,6 +74,8 @@ std::vector<ConfigSpec> config_list(bool ablations) {
     v.push_back({"ablation k3v2 gain=unbiased", "preset=quant-k3v2,key_gain=unbiased,value_gain=unbiased"});
     v.push_back({"ablation k3v2 ball3 keys", "preset=quant-k3v2,key=ball3"});
     v.push_back({"ablation k3v2 protect=2", "preset=quant-k3v2,protect=2"});
+    v.push_back({"ablation k3v2 qweight=0", "preset=quant-k3v2,qweight=0"});
+    v.push_back({"ablation k3v2 gain_bits=16", "preset=quant-k3v2,gain_bits=16"});
   }
   return v;
 }
