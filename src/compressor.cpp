@@ -24,7 +24,7 @@ void ModelShape::validate() const {
 // ---- presets and parsing -------------------------------------------------------------------
 
 const char* Config::preset_names() {
-  return "lossless, quant-k4v2, quant-k3v2, quant-k2v2, high, asym, balanced, max";
+  return "lossless, quant-k4v4, quant-k3v3, quant-k4v2, quant-k3v2, quant-k2v2, high, asym, balanced, max";
 }
 
 Config Config::preset(const std::string& name) {
@@ -36,6 +36,8 @@ Config Config::preset(const std::string& name) {
     c.eviction_rate = evict;
   };
   if (name == "lossless") kv(Codec::kFp16, Codec::kFp16, 0.0);
+  else if (name == "quant-k4v4") kv(Codec::kRvq4, Codec::kRvq4, 0.0);
+  else if (name == "quant-k3v3") kv(Codec::kRvq3, Codec::kRvq3, 0.0);
   else if (name == "quant-k4v2") kv(Codec::kRvq4, Codec::kE8P, 0.0);
   else if (name == "quant-k3v2") kv(Codec::kRvq3, Codec::kE8P, 0.0);
   else if (name == "quant-k2v2") kv(Codec::kE8P, Codec::kE8P, 0.0);

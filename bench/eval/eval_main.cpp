@@ -52,6 +52,8 @@ struct ConfigSpec {
 std::vector<ConfigSpec> config_list(bool ablations) {
   std::vector<ConfigSpec> v = {
       {"fp16", "preset=lossless"},
+      {"e8kv quant-k4v4", "preset=quant-k4v4"},
+      {"e8kv quant-k3v3", "preset=quant-k3v3"},
       {"e8kv quant-k4v2", "preset=quant-k4v2"},
       {"e8kv quant-k3v2", "preset=quant-k3v2"},
       {"e8kv quant-k2v2", "preset=quant-k2v2"},
@@ -376,9 +378,10 @@ void print_outputs(const Options& o, const std::vector<Result>& rs, const llama:
     f << "| config | bits/elem | ratio | PPL | ΔPPL % (95 % CI) | KL | top-1 | NIAH |\n|---|---|---|---|---|---|---|---|\n";
     char buf[512];
     for (const auto& r : rs) {
-      std::string niah = r.niah >= 0 ? std::to_string(r.niah).substr(0, 4) : "-";
+      char niah[16] = "-";  // rounded like the stdout table
+      if (r.niah >= 0) std::snprintf(niah, sizeof niah, "%.2f", r.niah);
       std::snprintf(buf, sizeof buf, "| %s | %.3f | %.2f | %.4f | %+.2f ± %.2f | %.5f | %.4f | %s |\n", r.name.c_str(),
-                    r.bits, r.ratio, r.ppl, r.dppl, r.ci, r.kl, r.top1, niah.c_str());
+                    r.bits, r.ratio, r.ppl, r.dppl, r.ci, r.kl, r.top1, niah);
       f << buf;
     }
   }

@@ -88,7 +88,8 @@ struct Config {
 
   float softmax_scale = 0.f;  ///< scale of q·k; <= 0 means 1/sqrt(head_dim)
 
-  /// Named presets: lossless, quant-k4v2, quant-k3v2, quant-k2v2, high, asym, balanced, max.
+  /// Named presets: lossless, quant-k4v4, quant-k3v3, quant-k4v2, quant-k3v2, quant-k2v2, high,
+  /// asym, balanced, max. (K3V3 and K4V4: at equal bits, balanced rates beat K4V2 on SmolLM2.)
   static Config preset(const std::string& name);
   static const char* preset_names();
   /// "preset=high,key=rvq3,value=e8p2,evict=0.6,sinks=4,recent=32,scorer=obs-window,window=32,

@@ -639,7 +639,7 @@ TEST(ContainerRoundTrip, EveryPresetWithEvictionAndWindows) {
     round_trip(m.cache, small, static_cast<uint64_t>(i));
     ++i;
   }
-  EXPECT_EQ(i, 8);
+  EXPECT_EQ(i, 10);
 }
 
 TEST(ContainerRoundTrip, PerHeadPositionsPostRopeScaledRopeHeadDims) {
