@@ -115,4 +115,20 @@ void BM_AttendCompressedK3V2(benchmark::State& state) {
 BENCHMARK_TEMPLATE(BM_AttendCompressedK3V2, true)->Arg(4096)->Arg(32768)->Unit(benchmark::kMillisecond);
 BENCHMARK_TEMPLATE(BM_AttendCompressedK3V2, false)->Arg(4096)->Arg(32768)->Unit(benchmark::kMillisecond);
 
+// The other fast-tier key/value codes at 4K (pre-RoPE keys): K4V2 (Rvq4 keys) and K3V3 (Rvq3 values).
+void BM_AttendCompressedPreset(benchmark::State& state, const char* preset) {
+  const auto& d = layer_data(4096);
+  KVCompressor c({1, kKvHeads, kQHeads, kDim}, Config::preset(preset));
+  const auto cache = c.compress(view(d));
+  std::vector<float> out(static_cast<size_t>(kQHeads) * kDim);
+  for (auto _ : state) {
+    c.attend(cache, 0, d.q.data(), static_cast<int32_t>(d.tokens), out.data());
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.counters["tokens_per_s"] =
+      benchmark::Counter(static_cast<double>(state.iterations() * d.tokens), benchmark::Counter::kIsRate);
+}
+BENCHMARK_CAPTURE(BM_AttendCompressedPreset, k4v2, "quant-k4v2")->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_AttendCompressedPreset, k3v3, "quant-k3v3")->Unit(benchmark::kMillisecond);
+
 }  // namespace

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "e8kv/codebook/e8p.hpp"
+#include "e8kv/codebook/host_decode.hpp"
 #include "e8kv/codebook/rvq.hpp"
 
 namespace {
@@ -38,6 +39,19 @@ void BM_Decode(benchmark::State& state) {
   std::vector<float> out(8 * kBlocks);
   for (auto _ : state) {
     for (size_t b = 0; b < kBlocks; ++b) Code::decode(idx[b], &out[8 * b]);
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(state.iterations() * out.size());
+}
+
+// The host table decoder (codebook/host_decode.hpp) on the same indices: the same floats as
+// Code::decode (host_decode_test), what decode_vector and attend use on the CPU.
+template <class Code>
+void BM_DecodeTable(benchmark::State& state) {
+  const auto idx = encoded<Code>(gaussian_blocks(kBlocks, 11));
+  std::vector<float> out(8 * kBlocks);
+  for (auto _ : state) {
+    for (size_t b = 0; b < kBlocks; ++b) e8kv::codebook::host_decode::decode_block<Code>(idx[b], &out[8 * b]);
     benchmark::ClobberMemory();
   }
   state.SetItemsProcessed(state.iterations() * out.size());
@@ -143,6 +157,9 @@ BENCHMARK(BM_E8pEncodeWithHitRate)->Name("BM_E8pEncode");
 BENCHMARK(BM_E8pEncodeFallbackOnly);
 BENCHMARK_TEMPLATE(BM_Encode, Rvq3)->Name("BM_Rvq3Encode");
 BENCHMARK_TEMPLATE(BM_Decode, Rvq3)->Name("BM_Rvq3Decode");
+BENCHMARK_TEMPLATE(BM_DecodeTable, E8P)->Name("BM_E8pDecodeTable");
+BENCHMARK_TEMPLATE(BM_DecodeTable, Rvq3)->Name("BM_Rvq3DecodeTable");
+BENCHMARK_TEMPLATE(BM_DecodeTable, Rvq4)->Name("BM_Rvq4DecodeTable");
 BENCHMARK_TEMPLATE(BM_Encode, Rvq4)->Name("BM_Rvq4Encode");
 BENCHMARK_TEMPLATE(BM_Decode, Rvq4)->Name("BM_Rvq4Decode");
 BENCHMARK_TEMPLATE(BM_EncodeBatch, E8P)->Name("BM_E8pEncodeBatch");
