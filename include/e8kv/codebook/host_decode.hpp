@@ -75,6 +75,12 @@ template <class Code>
 inline constexpr bool kHasTableDecode =
     std::is_same_v<Code, E8P> || std::is_same_v<Code, Rvq3> || std::is_same_v<Code, Rvq4>;
 
+/// The codes whose table decoder is the faster one (e8kv-micro BM_*Decode vs BM_*DecodeTable, and
+/// attend at 4K): E8P and Rvq3. Rvq4's two E8P stages decode faster from bit fields (0.83 vs
+/// 0.72 G elements/s alone; K4V2 attend 20.0 vs 21.9 ms), so it keeps Code::decode.
+template <class Code>
+inline constexpr bool kPreferTableDecode = std::is_same_v<Code, E8P> || std::is_same_v<Code, Rvq3>;
+
 /// Code::decode(index, y), table form.
 template <class Code>
 E8KV_FORCE_INLINE void decode_block(uint32_t index, float y[8]) {

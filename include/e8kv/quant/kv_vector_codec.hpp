@@ -222,7 +222,7 @@ E8KV_HD inline void encode_rotated_vector(const float* x, int d, float scale, Ga
   detail::encode_blocks<Code>(u, blocks, index);
   for (int j = 0; j < blocks; ++j) {
     float q[8];
-    if constexpr (codebook::host_decode::kHasTableDecode<Code>)
+    if constexpr (codebook::host_decode::kPreferTableDecode<Code>)
       codebook::host_decode::decode_block<Code>(index[j], q);  // the same floats, vectorized
     else
       Code::decode(index[j], q);

@@ -184,7 +184,7 @@ template <class Code>
 E8KV_HD inline void decode_vector_with_gain(const uint8_t* codes, float gain, int d, float* y) {
   constexpr int kBytes = Code::kIndexBits / 8;
 #if !E8KV_ON_DEVICE
-  if constexpr (codebook::host_decode::kHasTableDecode<Code>) {
+  if constexpr (codebook::host_decode::kPreferTableDecode<Code>) {
     for (int j = 0; j < d / 8; ++j)
       codebook::host_decode::decode_scaled_block<Code>(detail::load_index(codes + j * kBytes, kBytes), gain, y + 8 * j);
     return;
