@@ -424,16 +424,6 @@ void CompressedKV::gains_to_codes(std::vector<uint16_t>& fp16_gains, std::vector
   fp16_gains.clear();
 }
 
-float CompressedKV::HeadData::key_gain(size_t t) const {
-  if (!key_gain_codes.empty()) return quant::gain_from_code(fp16_bits_to_float(key_gain_ref), key_gain_codes[t]);
-  return key_gains.empty() ? 0.f : fp16_bits_to_float(key_gains[t]);
-}
-
-float CompressedKV::HeadData::value_gain(size_t t) const {
-  if (!value_gain_codes.empty()) return quant::gain_from_code(fp16_bits_to_float(value_gain_ref), value_gain_codes[t]);
-  return value_gains.empty() ? 0.f : fp16_bits_to_float(value_gains[t]);
-}
-
 void CompressedKV::key_mean_at(int l, int h, int32_t position, float* mu) const {
   const auto& L = layout();
   const auto& km = layers_[static_cast<size_t>(l)].heads[static_cast<size_t>(h)].key_mean;
@@ -565,18 +555,7 @@ void CompressedKV::attend(int l, const float* q, int32_t position, float* out) c
     float kmu[512], vmu[512];
     std::vector<float> q_dot_mu(static_cast<size_t>(G));
     const bool k_centred = !hd.key_mean.empty(), v_centred = !hd.value_mean.empty();
-    // Gains as floats: fp16 bits, or 8-bit codes times the head's reference (hoisted here).
-    const auto& factors = quant::gain_code_factors();
-    const bool k_codes8 = !hd.key_gain_codes.empty(), v_codes8 = !hd.value_gain_codes.empty();
-    const float k_ref = fp16_bits_to_float(hd.key_gain_ref), v_ref = fp16_bits_to_float(hd.value_gain_ref);
-    auto key_gain = [&](int64_t t) {
-      return k_codes8 ? k_ref * factors[hd.key_gain_codes[static_cast<size_t>(t)]]
-                      : fp16_bits_to_float(hd.key_gains[static_cast<size_t>(t)]);
-    };
-    auto value_gain = [&](int64_t t) {
-      return v_codes8 ? v_ref * factors[hd.value_gain_codes[static_cast<size_t>(t)]]
-                      : fp16_bits_to_float(hd.value_gains[static_cast<size_t>(t)]);
-    };
+    const auto key_gain = hd.key_gains_reader(), value_gain = hd.value_gains_reader();
     for (int i = 0; i < d; ++i) {
       kmu[i] = k_centred ? fp16_bits_to_float(hd.key_mean[static_cast<size_t>(i)]) : 0.f;
       vmu[i] = v_centred ? fp16_bits_to_float(hd.value_mean[static_cast<size_t>(i)]) : 0.f;
@@ -594,7 +573,7 @@ void CompressedKV::attend(int l, const float* q, int32_t position, float* out) c
         const auto& rot = codecs_->rotation(l, h, 0);
         if (rotated_dot) {
           for (int64_t t = 0; t < nc; ++t) {
-            quant::decode_vector_with_gain<Code>(&hd.key_codes[static_cast<size_t>(t) * kcb], key_gain(t), d, kbuf);
+            quant::decode_vector_with_gain<Code>(&hd.key_codes[static_cast<size_t>(t) * kcb], key_gain(static_cast<size_t>(t)), d, kbuf);
             for (int g = 0; g < G; ++g)
               logits[static_cast<size_t>(g * n + t)] = (dot(&q_rot[static_cast<size_t>(g * d)], kbuf, d) + q_dot_mu[static_cast<size_t>(g)]) * scale;
           }
@@ -606,7 +585,7 @@ void CompressedKV::attend(int l, const float* q, int32_t position, float* out) c
           const int64_t m = std::min<int64_t>(kKeyTile, nc - t0);
           for (int64_t k = 0; k < m; ++k)
             quant::decode_vector_with_gain<Code>(&hd.key_codes[static_cast<size_t>(t0 + k) * kcb],
-                                                 key_gain(t0 + k), d, &key_tile[static_cast<size_t>(k * d)]);
+                                                 key_gain(static_cast<size_t>(t0 + k)), d, &key_tile[static_cast<size_t>(k * d)]);
           rot.inverse_batch(key_tile.data(), key_tile.data(), static_cast<size_t>(m), static_cast<size_t>(d));
           for (int64_t k = 0; k < m; ++k) {
             float* kt = &key_tile[static_cast<size_t>(k * d)];
@@ -646,7 +625,7 @@ void CompressedKV::attend(int l, const float* q, int32_t position, float* out) c
       quant::dispatch_block_code(vq.codec(), [&](auto code) {
         using Code = decltype(code);
         for (int64_t t = 0; t < nc; ++t) {
-          quant::decode_vector_with_gain<Code>(&hd.value_codes[static_cast<size_t>(t) * vcb], value_gain(t), d, vbuf);
+          quant::decode_vector_with_gain<Code>(&hd.value_codes[static_cast<size_t>(t) * vcb], value_gain(static_cast<size_t>(t)), d, vbuf);
           accumulate(acc_rot, t, vbuf);
         }
         return 0;
@@ -687,13 +666,14 @@ CompactHead CompressedKV::decompress_head(int l, int h) const {
   out.keys.resize(n * d);
   out.values.resize(n * d);
   float mu[512], inv_scale[512];
+  const auto key_gain = hd.key_gains_reader(), value_gain = hd.value_gains_reader();
   const bool k_scaled = !hd.key_channel_scale.empty();
   for (int i = 0; i < d && k_scaled; ++i) inv_scale[i] = 1.0f / fp16_bits_to_float(hd.key_channel_scale[static_cast<size_t>(i)]);
   for (size_t t = 0; t < pos.size(); ++t) {
-    codecs_->decode_key_with_gain(l, h, &hd.key_codes[t * kcb], hd.key_gain(t), pos[t], &out.keys[t * d]);
+    codecs_->decode_key_with_gain(l, h, &hd.key_codes[t * kcb], key_gain(t), pos[t], &out.keys[t * d]);
     if (k_scaled)  // S is constant on each RoPE pair, so it commutes with the RoPE decode_key applied
       for (int i = 0; i < d; ++i) out.keys[t * d + i] *= inv_scale[i];
-    codecs_->decode_value_with_gain(l, h, &hd.value_codes[t * vcb], hd.value_gain(t), &out.values[t * d]);
+    codecs_->decode_value_with_gain(l, h, &hd.value_codes[t * vcb], value_gain(t), &out.values[t * d]);
     if (!hd.key_mean.empty()) {
       key_mean_at(l, h, pos[t], mu);
       for (int i = 0; i < d; ++i) out.keys[t * d + i] += mu[i];

@@ -325,6 +325,26 @@ TEST(Compressor, GqaAndMqaMatchRepeatedKVReference) {
   }
 }
 
+// attend() on layer l against fp32 attention over decompress_head()'s keys and values: both
+// read the same codes, so they agree to float rounding (relative L2 of the outputs).
+double attend_vs_decompress(const KVCompressor& c, const CompressedKV& cache, const synth::SyntheticSpec& spec, int l,
+                            const float* q, int32_t position) {
+  const int64_t n = cache.stored_tokens(l, 0);
+  std::vector<float> K(static_cast<size_t>(n) * spec.n_kv_heads * spec.head_dim), V(K.size());
+  for (int h = 0; h < spec.n_kv_heads; ++h) {
+    const auto ch = cache.decompress_head(l, h);
+    for (int64_t t = 0; t < n; ++t)
+      for (int i = 0; i < spec.head_dim; ++i) {
+        K[(t * spec.n_kv_heads + h) * spec.head_dim + i] = ch.keys[t * spec.head_dim + i];
+        V[(t * spec.n_kv_heads + h) * spec.head_dim + i] = ch.values[t * spec.head_dim + i];
+      }
+  }
+  const auto ref = dense_attention(q, K, V, n, spec.n_kv_heads, spec.n_q_heads, spec.head_dim);
+  std::vector<float> out(ref.size());
+  c.attend(cache, l, q, position, out.data());
+  return rel_l2(out, ref);
+}
+
 // attend re-applies RoPE with a cached product of the table's upper levels; decompress_head uses
 // the per-position table path. They must agree wherever positions cross a 1024 or 2^20 boundary,
 // for both pair layouts and partial rotary dims.
@@ -341,23 +361,9 @@ TEST(Compressor, AttendMatchesDecompressAcrossRopeTableBoundaries) {
         SequenceKV seq = f.seq;
         seq.first_position = first;
         const auto cache = c.compress(seq);
-        for (int l = 0; l < spec.n_layers; ++l) {
-          const int64_t n = cache.stored_tokens(l, 0);
-          std::vector<float> K(static_cast<size_t>(n) * spec.n_kv_heads * spec.head_dim), V(K.size());
-          for (int h = 0; h < spec.n_kv_heads; ++h) {
-            const auto ch = cache.decompress_head(l, h);
-            for (int64_t t = 0; t < n; ++t)
-              for (int i = 0; i < spec.head_dim; ++i) {
-                K[(t * spec.n_kv_heads + h) * spec.head_dim + i] = ch.keys[t * spec.head_dim + i];
-                V[(t * spec.n_kv_heads + h) * spec.head_dim + i] = ch.values[t * spec.head_dim + i];
-              }
-          }
-          const float* q = f.query(l, 7);
-          const auto ref = dense_attention(q, K, V, n, spec.n_kv_heads, spec.n_q_heads, spec.head_dim);
-          std::vector<float> out(ref.size());
-          c.attend(cache, l, q, first + spec.tokens, out.data());
-          EXPECT_LT(rel_l2(out, ref), 2e-5) << "first position " << first << " rotary " << rotary;
-        }
+        for (int l = 0; l < spec.n_layers; ++l)
+          EXPECT_LT(attend_vs_decompress(c, cache, spec, l, f.query(l, 7), first + spec.tokens), 2e-5)
+              << "first position " << first << " rotary " << rotary;
       }
     }
   }
@@ -390,23 +396,7 @@ TEST(Compressor, QueryWeightedKeys) {
             EXPECT_EQ(s[static_cast<size_t>(a)], s[static_cast<size_t>(b)]) << "pair " << i;
           }
         }
-        std::vector<float> K, V;
-        const int64_t n = weighted.stored_tokens(l, 0);
-        K.resize(static_cast<size_t>(n) * spec.n_kv_heads * spec.head_dim);
-        V.resize(K.size());
-        for (int h = 0; h < spec.n_kv_heads; ++h) {
-          const auto ch = weighted.decompress_head(l, h);
-          for (int64_t t = 0; t < n; ++t)
-            for (int i = 0; i < spec.head_dim; ++i) {
-              K[(t * spec.n_kv_heads + h) * spec.head_dim + i] = ch.keys[t * spec.head_dim + i];
-              V[(t * spec.n_kv_heads + h) * spec.head_dim + i] = ch.values[t * spec.head_dim + i];
-            }
-        }
-        const float* q = f.query(l, 5);
-        const auto ref = dense_attention(q, K, V, n, spec.n_kv_heads, spec.n_q_heads, spec.head_dim);
-        std::vector<float> out(ref.size());
-        c.attend(weighted, l, q, spec.tokens, out.data());
-        EXPECT_LT(rel_l2(out, ref), 2e-5) << "pre-RoPE " << pre;
+        EXPECT_LT(attend_vs_decompress(c, weighted, spec, l, f.query(l, 5), spec.tokens), 2e-5) << "pre-RoPE " << pre;
       }
     }
   }
@@ -599,23 +589,8 @@ TEST(Compressor, EightBitGains) {
   g8.gain_bits = 8;
   KVCompressor c(f.shape, g8);
   const auto cache = c.compress(f.seq, &f.queries);
-  for (int l = 0; l < spec.n_layers; ++l) {
-    const int64_t n = cache.stored_tokens(l, 0);
-    std::vector<float> K(static_cast<size_t>(n) * spec.n_kv_heads * spec.head_dim), V(K.size());
-    for (int h = 0; h < spec.n_kv_heads; ++h) {
-      const auto ch = cache.decompress_head(l, h);
-      for (int64_t t = 0; t < n; ++t)
-        for (int i = 0; i < spec.head_dim; ++i) {
-          K[(t * spec.n_kv_heads + h) * spec.head_dim + i] = ch.keys[t * spec.head_dim + i];
-          V[(t * spec.n_kv_heads + h) * spec.head_dim + i] = ch.values[t * spec.head_dim + i];
-        }
-    }
-    const float* q = f.query(l, 9);
-    const auto ref = dense_attention(q, K, V, n, spec.n_kv_heads, spec.n_q_heads, spec.head_dim);
-    std::vector<float> out(ref.size());
-    c.attend(cache, l, q, spec.tokens, out.data());
-    EXPECT_LT(rel_l2(out, ref), 2e-5);
-  }
+  for (int l = 0; l < spec.n_layers; ++l)
+    EXPECT_LT(attend_vs_decompress(c, cache, spec, l, f.query(l, 9), spec.tokens), 2e-5);
   const Errors e16 = measure(f, g16), e8 = measure(f, g8);
   std::printf("gain_bits 16 -> 8: output rel L2 %.5f -> %.5f, KL %.5f -> %.5f\n", e16.out_rel_l2, e8.out_rel_l2, e16.kl,
               e8.kl);

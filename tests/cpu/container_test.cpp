@@ -555,10 +555,8 @@ TEST(ContainerRoundTrip, QueryWeightedKeysUseVersion2AndLoseNothing) {
   {
     // 6 tokens, means from 8: nothing flushed yet, the query energy is still pending.
     synth::SyntheticSpec s = small_spec(2, 2, 4, 64, 40, 43);
-    Made m = make_cache("preset=quant-k3v2,residual=0", s, 34, nullptr, true);
-    // make_cache appended tokens 6..39, which flushed; build the pending state separately.
+    // Reference: make_cache compresses tokens 0..5 and appends 6..39 (flushing on the way).
     Made p = make_cache("preset=quant-k3v2,residual=0", s, 34, nullptr, true);
-    (void)m;
     Made fresh;
     fresh.kv = synth::make_synthetic_kv(s);
     const Config cfg = Config::parse("preset=quant-k3v2,residual=0,mean_tokens=8");

@@ -21,6 +21,8 @@
 #include "e8kv/quant/kv_vector_codec.hpp"
 #include "e8kv/quant/vector_quantizer.hpp"
 #include "e8kv/transform/hadamard.hpp"
+#include "e8kv/numeric/half.hpp"
+#include "e8kv/quant/gain_code.hpp"
 #include "e8kv/transform/rope.hpp"
 
 namespace e8kv {
@@ -151,9 +153,29 @@ class CompressedKV {
     std::vector<uint16_t> key_channel_scale;           ///< fp16 bits, head_dim (query-weighted keys) or empty
     std::vector<uint8_t> key_gain_codes, value_gain_codes;  ///< coded tokens, when gain_bits == 8
     uint16_t key_gain_ref = 0, value_gain_ref = 0;     ///< fp16 references of the 8-bit gains (0: not set yet)
-    /// Gain of coded token t as a float, whichever way it is stored (0 for fp16 codecs).
-    float key_gain(size_t t) const;
-    float value_gain(size_t t) const;
+    /// The gains of the coded tokens as floats, whichever way they are stored.
+    struct GainReader {
+      const uint16_t* fp16 = nullptr;  ///< fp16 gains (gain_bits 16), or
+      const uint8_t* codes = nullptr;  ///< 8-bit codes around `ref` (gain_bits 8); neither: 0
+      float ref = 0.f;
+      float operator()(size_t t) const {
+        return codes ? ref * quant::gain_code_factors()[codes[t]] : (fp16 ? fp16_bits_to_float(fp16[t]) : 0.f);
+      }
+    };
+    GainReader key_gains_reader() const { return reader(key_gains, key_gain_codes, key_gain_ref); }
+    GainReader value_gains_reader() const { return reader(value_gains, value_gain_codes, value_gain_ref); }
+
+   private:
+    static GainReader reader(const std::vector<uint16_t>& g, const std::vector<uint8_t>& c, uint16_t ref) {
+      GainReader r;
+      if (!c.empty()) {
+        r.codes = c.data();
+        r.ref = fp16_bits_to_float(ref);
+      } else if (!g.empty()) {
+        r.fp16 = g.data();
+      }
+      return r;
+    }
   };
   struct LayerData {
     std::vector<std::vector<int32_t>> positions;         ///< coded tokens: 1 shared set or one per head
