@@ -8,6 +8,7 @@
 #include <limits>
 #include <string>
 
+#include "e8kv/cache/attend_cpu.hpp"
 #include "e8kv/error.hpp"
 #include "e8kv/numeric/dot.hpp"
 #include "e8kv/numeric/half.hpp"
@@ -94,8 +95,8 @@ void CacheCodecs::encode_key(int layer, int head, const float* k, int32_t positi
     return;
   }
   require_finite(k, layout_.head_dim, "CacheCodecs::encode_key");
-  require(!layout_.keys_pre_rope || position >= 0,
-          "CacheCodecs::encode_key: position must be >= 0 for pre-RoPE keys, got " + std::to_string(position));
+  if (layout_.keys_pre_rope && position < 0)
+    throw Error("CacheCodecs::encode_key: position must be >= 0 for pre-RoPE keys, got " + std::to_string(position));
   const quant::VectorCodecArgs args = codec_args(layer, head, 0);
   const quant::RopeTableView rope = key_rope_view();
   quant::dispatch_block_code(q.codec(), [&](auto code) {
@@ -132,8 +133,8 @@ void CacheCodecs::decode_key_with_gain(int layer, int head, const uint8_t* codes
     q.decode(codes, 0, k);
     return;
   }
-  require(!layout_.keys_pre_rope || position >= 0,
-          "CacheCodecs::decode_key: position must be >= 0 for pre-RoPE keys, got " + std::to_string(position));
+  if (layout_.keys_pre_rope && position < 0)
+    throw Error("CacheCodecs::decode_key: position must be >= 0 for pre-RoPE keys, got " + std::to_string(position));
   const quant::VectorCodecArgs args = codec_args(layer, head, 0);
   const quant::RopeTableView rope = key_rope_view();
   quant::dispatch_block_code(q.codec(), [&](auto code) {
@@ -154,12 +155,12 @@ void CacheCodecs::decode_value_with_gain(int layer, int head, const uint8_t* cod
 }
 
 void CacheCodecs::rope_cos_sin(int32_t position, float* cos_out, float* sin_out) const {
-  require(position >= 0, "RoPE position must be >= 0, got " + std::to_string(position));
+  if (position < 0) throw Error("RoPE position must be >= 0, got " + std::to_string(position));
   for (int i = 0; i < n_pairs_; ++i) quant::rope_table_cos_sin(rope_tables_.data(), n_pairs_, position, i, cos_out[i], sin_out[i]);
 }
 
 void CacheCodecs::apply_rope_fast(float* x, int32_t position) const {
-  require(position >= 0, "RoPE position must be >= 0, got " + std::to_string(position));
+  if (position < 0) throw Error("RoPE position must be >= 0, got " + std::to_string(position));
   quant::RopeTableView v;
   v.table = rope_tables_.data();
   v.rotary_dim = rope_->rotary_dim();
@@ -453,67 +454,6 @@ void softmax_inplace(float* x, int64_t n) {
 // Keys decoded per batch of the pre-RoPE attention path (one inverse-Hadamard batch).
 constexpr int64_t kKeyTile = 16;
 
-// RoPE for the attention path, where positions mostly increase: the product of the table's two
-// upper levels (position bits 10-30) changes once per 1024 positions, so it is cached and a key
-// costs one complex product per pair to get cos/sin, then the rotation. The floats may differ
-// from rope_table_cos_sin's in the last bit (products associated differently), which attention
-// tolerates; codes never go through this path.
-class IncrementalRope {
- public:
-  explicit IncrementalRope(const quant::RopeTableView& view)
-      : view_(view), pairs_(view.rotary_dim / 2), upper_cos_(static_cast<size_t>(pairs_)),
-        upper_sin_(static_cast<size_t>(pairs_)), cos_(static_cast<size_t>(pairs_)), sin_(static_cast<size_t>(pairs_)) {}
-
-  void apply(float* x, int32_t position) {
-    if (view_.table == nullptr || pairs_ == 0) return;
-    require(position >= 0, "RoPE position must be >= 0, got " + std::to_string(position));
-    const uint32_t p = static_cast<uint32_t>(position);
-    if ((p >> 10) != upper_) refresh(p >> 10);
-    const size_t stride = static_cast<size_t>(pairs_) * 2u;
-    const float* low = view_.table + static_cast<size_t>(p & 1023u) * stride;
-    for (int i = 0; i < pairs_; ++i) {
-      const float c0 = low[2 * i], s0 = low[2 * i + 1];
-      cos_[static_cast<size_t>(i)] = c0 * upper_cos_[static_cast<size_t>(i)] - s0 * upper_sin_[static_cast<size_t>(i)];
-      sin_[static_cast<size_t>(i)] = c0 * upper_sin_[static_cast<size_t>(i)] + s0 * upper_cos_[static_cast<size_t>(i)];
-    }
-    const float* c = cos_.data();
-    const float* s = sin_.data();
-    if (view_.layout == transform::RopeLayout::kSplitHalf) {
-      float* a = x;
-      float* b = x + pairs_;
-      for (int i = 0; i < pairs_; ++i) {
-        const float a0 = a[i], b0 = b[i];
-        a[i] = a0 * c[i] - b0 * s[i];
-        b[i] = a0 * s[i] + b0 * c[i];
-      }
-    } else {
-      for (int i = 0; i < pairs_; ++i) {
-        const float a0 = x[2 * i], b0 = x[2 * i + 1];
-        x[2 * i] = a0 * c[i] - b0 * s[i];
-        x[2 * i + 1] = a0 * s[i] + b0 * c[i];
-      }
-    }
-  }
-
- private:
-  void refresh(uint32_t upper) {
-    upper_ = upper;
-    const size_t stride = static_cast<size_t>(pairs_) * 2u;
-    const float* mid = view_.table + static_cast<size_t>(1024u + (upper & 1023u)) * stride;
-    const float* high = view_.table + static_cast<size_t>(2048u + (upper >> 10)) * stride;
-    for (int i = 0; i < pairs_; ++i) {
-      const float c1 = mid[2 * i], s1 = mid[2 * i + 1], c2 = high[2 * i], s2 = high[2 * i + 1];
-      upper_cos_[static_cast<size_t>(i)] = c1 * c2 - s1 * s2;
-      upper_sin_[static_cast<size_t>(i)] = c1 * s2 + s1 * c2;
-    }
-  }
-
-  quant::RopeTableView view_;
-  int pairs_;
-  uint32_t upper_ = 0xFFFFFFFFu;
-  std::vector<float> upper_cos_, upper_sin_, cos_, sin_;
-};
-
 }  // namespace
 
 void CompressedKV::attend(int l, const float* q, int32_t position, float* out) const {
@@ -526,11 +466,11 @@ void CompressedKV::attend(int l, const float* q, int32_t position, float* out) c
   const auto& vq = codecs_->value_quantizer(l);
   const bool k_fp16 = kq.codec() == quant::Codec::kFp16, v_fp16 = vq.codec() == quant::Codec::kFp16;
   const size_t kcb = kq.code_bytes(), vcb = vq.code_bytes();
-  std::vector<float> logits, q_rot(static_cast<size_t>(G * d)), acc_rot(static_cast<size_t>(G * d)),
+  std::vector<float> logits, gains, q_rot(static_cast<size_t>(G * d)), acc_rot(static_cast<size_t>(G * d)),
       acc(static_cast<size_t>(G * d));
   float kbuf[512], vbuf[512];
   std::vector<float> key_tile(static_cast<size_t>(kKeyTile * d));
-  IncrementalRope rope(codecs_->key_rope_view());
+  attend_cpu::IncrementalRope rope(codecs_->key_rope_view());
   for (int h = 0; h < H; ++h) {
     const auto& hd = ld.heads[static_cast<size_t>(h)];
     const auto& pos = positions(l, h);
@@ -538,6 +478,7 @@ void CompressedKV::attend(int l, const float* q, int32_t position, float* out) c
     const int64_t nw = window_tokens(l, h);
     const int64_t n = nc + nw;
     logits.assign(static_cast<size_t>(G * n), 0.f);
+    gains.resize(static_cast<size_t>(nc));
     const float* qh = q + static_cast<size_t>(h) * G * d;
     const bool rotated_dot = !k_fp16 && !L.keys_pre_rope;
     // Query-weighted keys: stored keys are S·k, so k = S⁻¹·decoded (S commutes with RoPE).
@@ -555,7 +496,6 @@ void CompressedKV::attend(int l, const float* q, int32_t position, float* out) c
     float kmu[512], vmu[512];
     std::vector<float> q_dot_mu(static_cast<size_t>(G));
     const bool k_centred = !hd.key_mean.empty(), v_centred = !hd.value_mean.empty();
-    const auto key_gain = hd.key_gains_reader(), value_gain = hd.value_gains_reader();
     for (int i = 0; i < d; ++i) {
       kmu[i] = k_centred ? fp16_bits_to_float(hd.key_mean[static_cast<size_t>(i)]) : 0.f;
       vmu[i] = v_centred ? fp16_bits_to_float(hd.value_mean[static_cast<size_t>(i)]) : 0.f;
@@ -568,33 +508,36 @@ void CompressedKV::attend(int l, const float* q, int32_t position, float* out) c
         for (int g = 0; g < G; ++g) logits[static_cast<size_t>(g * n + t)] = dot(qh + g * d, kbuf, d) * scale;
       }
     } else {
+      const auto key_gain = hd.key_gains_reader();
+      for (int64_t t = 0; t < nc; ++t) gains[static_cast<size_t>(t)] = key_gain(static_cast<size_t>(t));
+      if (L.keys_pre_rope)
+        for (int32_t p : pos)
+          if (p < 0) throw Error("CompressedKV::attend: RoPE position must be >= 0, got " + std::to_string(p));
+      attend_cpu::KeyTileArgs args;
+      args.d = d;
+      args.G = G;
+      args.q = qh;
+      args.inv_scale = k_scaled ? inv_scale : nullptr;
+      args.mean = k_centred ? kmu : nullptr;
+      args.softmax_scale = scale;
+      args.logits = logits.data();
+      args.n = static_cast<size_t>(n);
       quant::dispatch_block_code(kq.codec(), [&](auto code) {
         using Code = decltype(code);
         const auto& rot = codecs_->rotation(l, h, 0);
-        if (rotated_dot) {
-          for (int64_t t = 0; t < nc; ++t) {
-            quant::decode_vector_with_gain<Code>(&hd.key_codes[static_cast<size_t>(t) * kcb], key_gain(static_cast<size_t>(t)), d, kbuf);
-            for (int g = 0; g < G; ++g)
-              logits[static_cast<size_t>(g * n + t)] = (dot(&q_rot[static_cast<size_t>(g * d)], kbuf, d) + q_dot_mu[static_cast<size_t>(g)]) * scale;
-          }
-          return 0;
-        }
-        // Pre-RoPE: decode a tile of keys, undo the rotation for the whole tile in one batch,
-        // add the mean, re-apply RoPE at each key's position, then the G dot products.
+        // Decode a tile of keys. Post-RoPE: dot them with the rotated queries. Pre-RoPE: undo the
+        // rotation for the whole tile in one batch, then S⁻¹, the mean, RoPE at each key's
+        // position and the G dot products.
         for (int64_t t0 = 0; t0 < nc; t0 += kKeyTile) {
           const int64_t m = std::min<int64_t>(kKeyTile, nc - t0);
-          for (int64_t k = 0; k < m; ++k)
-            quant::decode_vector_with_gain<Code>(&hd.key_codes[static_cast<size_t>(t0 + k) * kcb],
-                                                 key_gain(static_cast<size_t>(t0 + k)), d, &key_tile[static_cast<size_t>(k * d)]);
-          rot.inverse_batch(key_tile.data(), key_tile.data(), static_cast<size_t>(m), static_cast<size_t>(d));
-          for (int64_t k = 0; k < m; ++k) {
-            float* kt = &key_tile[static_cast<size_t>(k * d)];
-            if (k_scaled)
-              for (int i = 0; i < d; ++i) kt[i] *= inv_scale[i];
-            if (k_centred)
-              for (int i = 0; i < d; ++i) kt[i] += kmu[i];
-            rope.apply(kt, pos[static_cast<size_t>(t0 + k)]);
-            for (int g = 0; g < G; ++g) logits[static_cast<size_t>(g * n + t0 + k)] = dot(qh + g * d, kt, d) * scale;
+          attend_cpu::decode_rows<Code>(&hd.key_codes[static_cast<size_t>(t0) * kcb], kcb, &gains[static_cast<size_t>(t0)], m,
+                                        d, key_tile.data());
+          if (rotated_dot) {
+            attend_cpu::score_rotated_rows(q_rot.data(), q_dot_mu.data(), G, d, scale, key_tile.data(), t0, m,
+                                           logits.data(), static_cast<size_t>(n));
+          } else {
+            rot.inverse_batch(key_tile.data(), key_tile.data(), static_cast<size_t>(m), static_cast<size_t>(d));
+            attend_cpu::finish_key_tile(args, key_tile.data(), t0, m, pos.data(), rope);
           }
         }
         return 0;
@@ -622,12 +565,11 @@ void CompressedKV::attend(int l, const float* q, int32_t position, float* out) c
         accumulate(acc, t, vbuf);
       }
     } else {
+      const auto value_gain = hd.value_gains_reader();
+      for (int64_t t = 0; t < nc; ++t) gains[static_cast<size_t>(t)] = value_gain(static_cast<size_t>(t));
       quant::dispatch_block_code(vq.codec(), [&](auto code) {
-        using Code = decltype(code);
-        for (int64_t t = 0; t < nc; ++t) {
-          quant::decode_vector_with_gain<Code>(&hd.value_codes[static_cast<size_t>(t) * vcb], value_gain(static_cast<size_t>(t)), d, vbuf);
-          accumulate(acc_rot, t, vbuf);
-        }
+        attend_cpu::accumulate_values<decltype(code)>(hd.value_codes.data(), vcb, gains.data(), logits.data(),
+                                                      static_cast<size_t>(n), nc, G, d, acc_rot.data());
         return 0;
       });
     }

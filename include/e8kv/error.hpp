@@ -42,8 +42,15 @@ inline void check(Status s, const char* where) {
   if (s != Status::kSuccess) throw Error(std::string(where) + ": " + to_string(s));
 }
 
-/// Throws e8kv::Error with `message` when `condition` is false.
+/// Throws e8kv::Error with `message` when `condition` is false. The message is built by the
+/// caller even when the check passes, so per-element hot paths test first and build the message
+/// only on failure (`if (!ok) throw Error(...)`), or pass a literal (the overload below).
 inline void require(bool condition, const std::string& message) {
+  if (!condition) throw Error(message);
+}
+
+/// Same, for a literal message: no std::string is constructed unless the check fails.
+inline void require(bool condition, const char* message) {
   if (!condition) throw Error(message);
 }
 

@@ -76,6 +76,7 @@
 
 #include "e8kv/config.hpp"
 #include "e8kv/lattice/e8.hpp"
+#include "e8kv/numeric/cpu_features.hpp"
 #include "e8kv/numeric/fp.hpp"
 
 // Host batches run on GCC/Clang vector extensions (GCC >= 9 for __builtin_convertvector), with a
@@ -105,13 +106,7 @@ constexpr int kPatternCount = 256;
 constexpr float kMaxLatticeAbs = 4096.0f;
 
 #if E8KV_X86_DISPATCH
-inline bool cpu_has_avx2() {
-  static const bool has = [] {
-    __builtin_cpu_init();  // needed when the first call comes from a static initializer
-    return __builtin_cpu_supports("avx2") != 0;
-  }();
-  return has;
-}
+inline bool cpu_has_avx2() { return e8kv::cpu_has_avx2(); }
 #endif
 constexpr int kBitmapWords = 65536 / 32;
 

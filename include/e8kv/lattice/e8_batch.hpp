@@ -27,6 +27,7 @@
 
 #include "e8kv/config.hpp"
 #include "e8kv/lattice/e8.hpp"
+#include "e8kv/numeric/cpu_features.hpp"
 
 #if defined(__has_builtin)
 #if __has_builtin(__builtin_shufflevector) && __has_builtin(__builtin_convertvector) && \
@@ -248,13 +249,7 @@ __attribute__((target("avx2"))) inline void e8_batch_avx2(const float* x, void* 
   else
     e8_batch_body<e8_f32x8, false>(x, out, n);
 }
-inline bool e8_cpu_has_avx2() {
-  static const bool has = [] {
-    __builtin_cpu_init();  // required when the first call comes from a static initializer
-    return __builtin_cpu_supports("avx2") != 0;
-  }();
-  return has;
-}
+inline bool e8_cpu_has_avx2() { return e8kv::cpu_has_avx2(); }
 #endif
 
 inline void e8_batch_dispatch(const float* x, void* out, size_t n, bool twice) {

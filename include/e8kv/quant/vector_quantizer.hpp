@@ -185,8 +185,10 @@ E8KV_HD inline void decode_vector_with_gain(const uint8_t* codes, float gain, in
   constexpr int kBytes = Code::kIndexBits / 8;
 #if !E8KV_ON_DEVICE
   if constexpr (codebook::host_decode::kPreferTableDecode<Code>) {
+    const auto tables = codebook::host_decode::tables();
     for (int j = 0; j < d / 8; ++j)
-      codebook::host_decode::decode_scaled_block<Code>(detail::load_index(codes + j * kBytes, kBytes), gain, y + 8 * j);
+      codebook::host_decode::decode_scaled_block<Code>(tables, detail::load_index(codes + j * kBytes, kBytes), gain,
+                                                       y + 8 * j);
     return;
   }
 #endif

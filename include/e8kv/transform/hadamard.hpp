@@ -45,6 +45,7 @@
 
 #include "e8kv/config.hpp"
 #include "e8kv/error.hpp"
+#include "e8kv/numeric/cpu_features.hpp"
 #include "e8kv/numeric/fp.hpp"
 
 // The lowest two butterfly stages use SSE2 on x86 hosts (see fwht_pass); every other stage is
@@ -414,16 +415,31 @@ class RandomizedHadamard {
  private:
   void check_batch(const char* what, const float* in, const float* out, size_t n, size_t stride) const {
     if (n == 0) return;
-    require(in != nullptr && out != nullptr, std::string("RandomizedHadamard::") + what +
-                                                 ": input and output pointers must be non-null");
-    require(n == 1 || stride >= static_cast<size_t>(dim_),
-            std::string("RandomizedHadamard::") + what + ": stride = " + std::to_string(stride) +
-                " must be >= dim = " + std::to_string(dim_) + " when n > 1");
+    // Messages are built only on failure: this runs once per (batch of) vector(s).
+    if (in == nullptr || out == nullptr)
+      throw Error(std::string("RandomizedHadamard::") + what + ": input and output pointers must be non-null");
+    if (n != 1 && stride < static_cast<size_t>(dim_))
+      throw Error(std::string("RandomizedHadamard::") + what + ": stride = " + std::to_string(stride) +
+                  " must be >= dim = " + std::to_string(dim_) + " when n > 1");
   }
 
+  // The batch loop has an AVX2 twin (same adds, subtracts and sign multiplies, so the same
+  // floats; see numeric/cpu_features.hpp), chosen per call.
   template <int D, bool Inverse>
   void run(const float* in, float* out, size_t n, size_t stride) const {
-    const float* mult = multipliers_.data();
+    if (cpu_has_avx2()) return run_avx2<D, Inverse>(multipliers_.data(), in, out, n, stride);
+    run_base<D, Inverse>(multipliers_.data(), in, out, n, stride);
+  }
+  template <int D, bool Inverse>
+  E8KV_TARGET_BASE_FLAT static void run_base(const float* mult, const float* in, float* out, size_t n, size_t stride) {
+    run_body<D, Inverse>(mult, in, out, n, stride);
+  }
+  template <int D, bool Inverse>
+  E8KV_TARGET_AVX2_FLAT static void run_avx2(const float* mult, const float* in, float* out, size_t n, size_t stride) {
+    run_body<D, Inverse>(mult, in, out, n, stride);
+  }
+  template <int D, bool Inverse>
+  E8KV_FORCE_INLINE static void run_body(const float* mult, const float* in, float* out, size_t n, size_t stride) {
     for (size_t v = 0; v < n; ++v) {
       const float* src = in + v * stride;
       float* dst = out + v * stride;
