@@ -149,7 +149,7 @@ void BM_AttendDenseFp32(benchmark::State& state) {
   const auto& d = layer_data(state.range(0));
   std::vector<float> logits(static_cast<size_t>(d.tokens) * (kQHeads / kKvHeads)), out(static_cast<size_t>(kQHeads) * kDim);
   const DenseArgs args{d.k.data(), d.v.data(), d.q.data(), d.tokens, logits.data(), out.data()};
-  const bool avx2 = cpu_has_avx2();
+  const bool avx2 = cpu_has_avx2() && state.range(1) == 0;  // range(1) = 1: baseline ISA build
   for (auto _ : state) {
     if (kGqa)
       avx2 ? dense_gqa_avx2(args) : dense_gqa_base(args);
@@ -160,8 +160,17 @@ void BM_AttendDenseFp32(benchmark::State& state) {
   state.counters["tokens_per_s"] =
       benchmark::Counter(static_cast<double>(state.iterations() * d.tokens), benchmark::Counter::kIsRate);
 }
-BENCHMARK_TEMPLATE(BM_AttendDenseFp32, false)->Name("BM_AttendDenseFp32PerHead")->Arg(4096)->Arg(32768)->Unit(benchmark::kMillisecond);
-BENCHMARK_TEMPLATE(BM_AttendDenseFp32, true)->Name("BM_AttendDenseFp32Gqa")->Arg(4096)->Arg(32768)->Unit(benchmark::kMillisecond);
+// Args: tokens, then 1 to force the baseline (non-AVX2) build of every run-time ISA choice.
+BENCHMARK_TEMPLATE(BM_AttendDenseFp32, false)
+    ->Name("BM_AttendDenseFp32PerHead")
+    ->ArgNames({"tokens", "baseline_isa"})
+    ->Args({4096, 0})->Args({32768, 0})->Args({4096, 1})
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_AttendDenseFp32, true)
+    ->Name("BM_AttendDenseFp32Gqa")
+    ->ArgNames({"tokens", "baseline_isa"})
+    ->Args({4096, 0})->Args({32768, 0})->Args({4096, 1})
+    ->Unit(benchmark::kMillisecond);
 
 template <bool kPreRope>
 void BM_AttendCompressedK3V2(benchmark::State& state) {
@@ -169,16 +178,24 @@ void BM_AttendCompressedK3V2(benchmark::State& state) {
   KVCompressor c({1, kKvHeads, kQHeads, kDim}, bench_config(kPreRope));
   const auto cache = c.compress(view(d));
   std::vector<float> out(static_cast<size_t>(kQHeads) * kDim);
+  force_baseline_isa(state.range(1) != 0);
   for (auto _ : state) {
     c.attend(cache, 0, d.q.data(), static_cast<int32_t>(d.tokens), out.data());
     benchmark::DoNotOptimize(out.data());
   }
+  force_baseline_isa(false);
   state.counters["tokens_per_s"] =
       benchmark::Counter(static_cast<double>(state.iterations() * d.tokens), benchmark::Counter::kIsRate);
   state.counters["compression_ratio"] = cache.compression_ratio();
 }
-BENCHMARK_TEMPLATE(BM_AttendCompressedK3V2, true)->Arg(4096)->Arg(32768)->Unit(benchmark::kMillisecond);
-BENCHMARK_TEMPLATE(BM_AttendCompressedK3V2, false)->Arg(4096)->Arg(32768)->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_AttendCompressedK3V2, true)
+    ->ArgNames({"tokens", "baseline_isa"})
+    ->Args({4096, 0})->Args({32768, 0})->Args({4096, 1})
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_AttendCompressedK3V2, false)
+    ->ArgNames({"tokens", "baseline_isa"})
+    ->Args({4096, 0})->Args({32768, 0})
+    ->Unit(benchmark::kMillisecond);
 
 // The other fast-tier key/value codes at 4K (pre-RoPE keys): K4V2 (Rvq4 keys) and K3V3 (Rvq3 values).
 void BM_AttendCompressedPreset(benchmark::State& state, const char* preset) {
