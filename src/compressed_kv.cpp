@@ -46,6 +46,7 @@ CacheCodecs::CacheCodecs(CacheLayout layout) : layout_(std::move(layout)) {
   const auto& inv = rope_->inv_freq();
   n_pairs_ = static_cast<int>(inv.size());
   rope_tables_ = quant::build_rope_table(inv.data(), n_pairs_);
+  if (layout_.keys_pre_rope) rope_low_planar_ = attend_cpu::build_planar_rope_low(rope_tables_.data(), n_pairs_);
 }
 
 const transform::RandomizedHadamard& CacheCodecs::rotation(int layer, int head, int kind) const {
@@ -470,7 +471,7 @@ void CompressedKV::attend(int l, const float* q, int32_t position, float* out) c
       acc(static_cast<size_t>(G * d));
   float kbuf[512], vbuf[512];
   std::vector<float> key_tile(static_cast<size_t>(kKeyTile * d));
-  attend_cpu::IncrementalRope rope(codecs_->key_rope_view());
+  attend_cpu::IncrementalRope rope(codecs_->key_rope_view(), codecs_->key_rope_low_planar());
   for (int h = 0; h < H; ++h) {
     const auto& hd = ld.heads[static_cast<size_t>(h)];
     const auto& pos = positions(l, h);

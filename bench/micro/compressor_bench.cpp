@@ -169,7 +169,7 @@ BENCHMARK_TEMPLATE(BM_AttendDenseFp32, false)
 BENCHMARK_TEMPLATE(BM_AttendDenseFp32, true)
     ->Name("BM_AttendDenseFp32Gqa")
     ->ArgNames({"tokens", "baseline_isa"})
-    ->Args({4096, 0})->Args({32768, 0})->Args({4096, 1})
+    ->Args({512, 0})->Args({4096, 0})->Args({32768, 0})->Args({4096, 1})
     ->Unit(benchmark::kMillisecond);
 
 template <bool kPreRope>
@@ -190,7 +190,7 @@ void BM_AttendCompressedK3V2(benchmark::State& state) {
 }
 BENCHMARK_TEMPLATE(BM_AttendCompressedK3V2, true)
     ->ArgNames({"tokens", "baseline_isa"})
-    ->Args({4096, 0})->Args({32768, 0})->Args({4096, 1})
+    ->Args({512, 0})->Args({4096, 0})->Args({32768, 0})->Args({4096, 1})
     ->Unit(benchmark::kMillisecond);
 BENCHMARK_TEMPLATE(BM_AttendCompressedK3V2, false)
     ->ArgNames({"tokens", "baseline_isa"})

@@ -128,6 +128,7 @@ TEST(AttendCpu, KeyTileKernelsAgreeAcrossIsas) {
         for (int i = 0; i < pairs; ++i) inv_freq[static_cast<size_t>(i)] = std::pow(10000.0, -2.0 * i / rotary);
         const auto table = quant::build_rope_table(inv_freq.data(), pairs);
         quant::RopeTableView view{table.data(), rotary, layout};
+        const auto planar = ac::build_planar_rope_low(table.data(), pairs);
         for (int G : {1, 4, 5}) {
           const int64_t m = 16, n = 40, t0 = 3;
           const auto q = gaussian(static_cast<size_t>(G) * d, seed + d + G);
@@ -146,7 +147,7 @@ TEST(AttendCpu, KeyTileKernelsAgreeAcrossIsas) {
             a.softmax_scale = 0.3f;
             a.n = static_cast<size_t>(n);
             auto rb = rows0, ra = rows0;
-            ac::IncrementalRope rope_b(view), rope_a(view);
+            ac::IncrementalRope rope_b(view, planar.data()), rope_a(view, planar.data());
             a.logits = lb.data();
             ac::finish_key_tile_base(a, rb.data(), t0, m, pos.data(), rope_b);
             a.logits = la.data();

@@ -79,20 +79,30 @@ E8KV_FORCE_INLINE void dot_heads(const float* q, int G, int d, const float* k, f
 /// costs one complex product per pair to get cos/sin, then the rotation. The floats may differ
 /// from rope_table_cos_sin's in the last bit (products associated differently), which attention
 /// tolerates; codes never go through this path. Positions must be >= 0 (checked by the caller).
+/// Floats per row of the planar low-level table: the pairs, padded to whole 8-float vectors.
+inline int planar_rope_row_floats(int pairs) { return (pairs + 7) / 8 * 8; }
+
+/// The RoPE table's low level (position bits 0-9) split into planar rows: 1024 cos rows, then
+/// 1024 sin rows, each planar_rope_row_floats(pairs) floats (padding: cos 1, sin 0). Built once
+/// per CacheCodecs, read by IncrementalRope.
+inline std::vector<float> build_planar_rope_low(const float* table, int pairs) {
+  const size_t row = static_cast<size_t>(planar_rope_row_floats(pairs));
+  std::vector<float> out(2 * 1024 * row, 0.f);
+  for (size_t p = 0; p < 1024; ++p)
+    for (size_t i = 0; i < row; ++i) {
+      const bool real = i < static_cast<size_t>(pairs);
+      out[p * row + i] = real ? table[(p * static_cast<size_t>(pairs) + i) * 2] : 1.f;
+      out[(1024 + p) * row + i] = real ? table[(p * static_cast<size_t>(pairs) + i) * 2 + 1] : 0.f;
+    }
+  return out;
+}
+
 class IncrementalRope {
  public:
-  explicit IncrementalRope(const quant::RopeTableView& view)
-      : view_(view), pairs_(view.rotary_dim / 2), padded_((pairs_ + 7) / 8 * 8) {
+  /// `planar_low`: build_planar_rope_low(view.table, view.rotary_dim / 2), kept alive by the caller.
+  IncrementalRope(const quant::RopeTableView& view, const float* planar_low)
+      : view_(view), pairs_(view.rotary_dim / 2), padded_(planar_rope_row_floats(pairs_)), planar_low_(planar_low) {
     if (view_.table == nullptr || pairs_ == 0) return;
-    // The low level (position bits 0-9) split into planar cos and sin rows, padded to whole
-    // vectors, so a key's cos/sin are whole-vector products.
-    low_cos_.assign(static_cast<size_t>(1024) * padded_, 1.f);
-    low_sin_.assign(static_cast<size_t>(1024) * padded_, 0.f);
-    for (size_t p = 0; p < 1024; ++p)
-      for (int i = 0; i < pairs_; ++i) {
-        low_cos_[p * padded_ + static_cast<size_t>(i)] = view_.table[(p * pairs_ + static_cast<size_t>(i)) * 2];
-        low_sin_[p * padded_ + static_cast<size_t>(i)] = view_.table[(p * pairs_ + static_cast<size_t>(i)) * 2 + 1];
-      }
     upper_cos_.assign(static_cast<size_t>(padded_), 1.f);
     upper_sin_.assign(static_cast<size_t>(padded_), 0.f);
     cos_.assign(static_cast<size_t>(padded_), 1.f);
@@ -103,8 +113,8 @@ class IncrementalRope {
     if (view_.table == nullptr || pairs_ == 0) return;
     const uint32_t p = static_cast<uint32_t>(position);
     if ((p >> 10) != upper_) refresh(p >> 10);
-    const float* lc = low_cos_.data() + static_cast<size_t>(p & 1023u) * padded_;
-    const float* ls = low_sin_.data() + static_cast<size_t>(p & 1023u) * padded_;
+    const float* lc = planar_low_ + static_cast<size_t>(p & 1023u) * padded_;
+    const float* ls = planar_low_ + static_cast<size_t>(1024u + (p & 1023u)) * padded_;
     float* c = cos_.data();
     float* s = sin_.data();
     for (int i = 0; i < padded_; i += 8) {
@@ -151,8 +161,9 @@ class IncrementalRope {
 
   quant::RopeTableView view_;
   int pairs_, padded_;
+  const float* planar_low_;
   uint32_t upper_ = 0xFFFFFFFFu;
-  std::vector<float> low_cos_, low_sin_, upper_cos_, upper_sin_, cos_, sin_;
+  std::vector<float> upper_cos_, upper_sin_, cos_, sin_;
 };
 
 // ---- kernel bodies --------------------------------------------------------------------------

@@ -109,6 +109,9 @@ class CacheCodecs {
   /// The 3-level cos/sin table (quant::build_rope_table of the rotary inverse frequencies; the
   /// unscaled ones for dynamic NTK): upload it as is for the GPU kernels.
   const std::vector<float>& rope_table() const { return rope_tables_; }
+  /// attend's planar copy of the table's low level (attend_cpu::build_planar_rope_low); empty
+  /// when keys are stored post-RoPE.
+  const float* key_rope_low_planar() const { return rope_low_planar_.data(); }
   /// The table with its rotary_dim and pair layout; table == nullptr when keys are stored
   /// post-RoPE (no RoPE step in the key codec).
   quant::RopeTableView key_rope_view() const;
@@ -122,6 +125,7 @@ class CacheCodecs {
   std::unique_ptr<transform::Rope> rope_;
   int n_pairs_ = 0;
   std::vector<float> rope_tables_;  // [3 levels][entries][pairs][cos, sin]
+  std::vector<float> rope_low_planar_;
 };
 
 /// A dense view of one layer: positions [first_position, first_position + tokens), with
