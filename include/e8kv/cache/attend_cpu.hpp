@@ -38,7 +38,7 @@ E8KV_FORCE_INLINE f32x8 load8(const float* p) {
   std::memcpy(&v, p, sizeof v);
   return v;
 }
-E8KV_FORCE_INLINE void store8(float* p, f32x8 v) { std::memcpy(p, &v, sizeof v); }
+E8KV_FORCE_INLINE void store8(float* p, const f32x8& v) { std::memcpy(p, &v, sizeof v); }
 E8KV_FORCE_INLINE f32x8 splat8(float x) { return f32x8{x, x, x, x, x, x, x, x}; }
 
 /// out[g·out_stride] = scale·dot_product(q + g·d, k, d) for g < NG, with dot_product's exact
