@@ -470,7 +470,7 @@ void CompressedKV::attend(int l, const float* q, int32_t position, float* out) c
   std::vector<float> logits, gains, q_rot(static_cast<size_t>(G * d)), acc_rot(static_cast<size_t>(G * d)),
       acc(static_cast<size_t>(G * d));
   float kbuf[512], vbuf[512];
-  std::vector<float> key_tile(static_cast<size_t>(kKeyTile * d));
+  std::vector<float> key_tile(static_cast<size_t>(kKeyTile * d)), window, zeros(static_cast<size_t>(G), 0.f);
   attend_cpu::IncrementalRope rope(codecs_->key_rope_view(), codecs_->key_rope_low_planar());
   for (int h = 0; h < H; ++h) {
     const auto& hd = ld.heads[static_cast<size_t>(h)];
@@ -544,10 +544,12 @@ void CompressedKV::attend(int l, const float* q, int32_t position, float* out) c
         return 0;
       });
     }
-    // Keys: residual window (fp16, post-RoPE).
-    for (int64_t t = 0; t < nw; ++t) {
-      for (int i = 0; i < d; ++i) kbuf[i] = fp16_bits_to_float(hd.window_keys[static_cast<size_t>(t * d + i)]);
-      for (int g = 0; g < G; ++g) logits[static_cast<size_t>(g * n + nc + t)] = dot(qh + g * d, kbuf, d) * scale;
+    // Keys: residual window (fp16, post-RoPE), converted in one batch, then the G dot products.
+    window.resize(static_cast<size_t>(nw * d));
+    if (nw > 0) {
+      fp16_bits_to_floats(hd.window_keys.data(), window.data(), window.size());
+      attend_cpu::score_rotated_rows(qh, zeros.data(), G, d, scale, window.data(), nc, nw, logits.data(),
+                                     static_cast<size_t>(n));
     }
     for (int g = 0; g < G; ++g) softmax_inplace(logits.data() + static_cast<size_t>(g) * n, n);
     // Values.
@@ -574,9 +576,9 @@ void CompressedKV::attend(int l, const float* q, int32_t position, float* out) c
         return 0;
       });
     }
-    for (int64_t t = 0; t < nw; ++t) {
-      for (int i = 0; i < d; ++i) vbuf[i] = fp16_bits_to_float(hd.window_values[static_cast<size_t>(t * d + i)]);
-      accumulate(acc, nc + t, vbuf);
+    if (nw > 0) {
+      fp16_bits_to_floats(hd.window_values.data(), window.data(), window.size());
+      attend_cpu::accumulate_rows(window.data(), logits.data(), static_cast<size_t>(n), nc, nw, G, d, acc.data());
     }
     for (int g = 0; g < G; ++g) {
       float* o = out + (static_cast<size_t>(h) * G + g) * d;

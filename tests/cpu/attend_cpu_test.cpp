@@ -166,6 +166,28 @@ TEST(AttendCpu, KeyTileKernelsAgreeAcrossIsas) {
   }
 }
 
+TEST(AttendCpu, WindowAccumulateAgreesAcrossIsasAndWithScalar) {
+  const uint64_t seed = 51;
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  for (int d : {64, 80, 256}) {
+    for (int G : {1, 3, 4, 6}) {
+      const int64_t m = 9, n = 20, t0 = 11;
+      const auto rows = gaussian(static_cast<size_t>(m) * d, seed + d);
+      const auto p = gaussian(static_cast<size_t>(G) * n, seed + G);
+      std::vector<float> base(static_cast<size_t>(G) * d, 0.25f), ref(base), avx(base);
+      ac::accumulate_rows_base(rows.data(), p.data(), static_cast<size_t>(n), t0, m, G, d, base.data());
+      for (int64_t k = 0; k < m; ++k)
+        for (int g = 0; g < G; ++g)
+          for (int i = 0; i < d; ++i)
+            ref[static_cast<size_t>(g * d + i)] += p[static_cast<size_t>(g * n + t0 + k)] * rows[static_cast<size_t>(k * d + i)];
+      EXPECT_TRUE(same_bits(base, ref)) << "d " << d << " G " << G;
+      if (!cpu_has_avx2()) continue;
+      ac::accumulate_rows_avx2(rows.data(), p.data(), static_cast<size_t>(n), t0, m, G, d, avx.data());
+      EXPECT_TRUE(same_bits(avx, base)) << "d " << d << " G " << G;
+    }
+  }
+}
+
 // End to end: with the baseline build forced, compress writes the same bytes and attend and
 // decompress give the same floats as with AVX2 (Hadamard, encoders and attend kernels included).
 TEST(AttendCpu, WholePipelineIsBitIdenticalAcrossIsas) {

@@ -234,6 +234,19 @@ E8KV_FORCE_INLINE void accumulate_values_body(const uint8_t* codes, size_t code_
   }
 }
 
+/// acc[g·d + i] += p[g·n + t0 + k]·rows[k·d + i] for the m rows given as floats (the fp16 window).
+E8KV_FORCE_INLINE void accumulate_rows_body(const float* rows, const float* p, size_t n, int64_t t0, int64_t m, int G,
+                                            int d, float* acc) {
+  for (int64_t k = 0; k < m; ++k) {
+    const float* v = rows + static_cast<size_t>(k) * d;
+    for (int g = 0; g < G; ++g) {
+      const f32x8 w = splat8(p[static_cast<size_t>(g) * n + static_cast<size_t>(t0 + k)]);
+      float* a = acc + static_cast<size_t>(g) * d;
+      for (int i = 0; i < d; i += 8) store8(a + i, load8(a + i) + w * load8(v + i));
+    }
+  }
+}
+
 // ---- the two builds of each kernel, and the run-time choice ---------------------------------
 
 template <class Code>
@@ -293,6 +306,20 @@ inline void accumulate_values(const uint8_t* c, size_t cb, const float* gains, c
                               int G, int d, float* acc) {
   if (has_avx2()) return accumulate_values_avx2<Code>(c, cb, gains, p, n, nc, G, d, acc);
   accumulate_values_base<Code>(c, cb, gains, p, n, nc, G, d, acc);
+}
+
+E8KV_TARGET_BASE_FLAT inline void accumulate_rows_base(const float* rows, const float* p, size_t n, int64_t t0, int64_t m,
+                                                   int G, int d, float* acc) {
+  accumulate_rows_body(rows, p, n, t0, m, G, d, acc);
+}
+E8KV_TARGET_AVX2_FLAT inline void accumulate_rows_avx2(const float* rows, const float* p, size_t n, int64_t t0, int64_t m,
+                                                   int G, int d, float* acc) {
+  accumulate_rows_body(rows, p, n, t0, m, G, d, acc);
+}
+inline void accumulate_rows(const float* rows, const float* p, size_t n, int64_t t0, int64_t m, int G, int d,
+                            float* acc) {
+  if (has_avx2()) return accumulate_rows_avx2(rows, p, n, t0, m, G, d, acc);
+  accumulate_rows_base(rows, p, n, t0, m, G, d, acc);
 }
 
 }  // namespace e8kv::attend_cpu
