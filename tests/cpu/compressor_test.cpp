@@ -551,7 +551,8 @@ TEST(Compressor, BytesEqualHandComputedFormula) {
   const size_t win = size_t(L) * H * window * d * 2 * 2;
   const size_t positions = size_t(L) * 8;  // contiguous: (start, count) per layer
   const size_t means = size_t(L) * H * 2 * d * 2;  // fp16 key and value mean per (layer, head)
-  const size_t descriptor = 96 + 4 * L;
+  // layout record 128 bytes; per layer 2 codec ids, original_tokens + pinned, one (coded, window) pair
+  const size_t descriptor = 128 + size_t(L) * (2 + 16 + 16);
   const auto b = cache.byte_breakdown();
   EXPECT_EQ(b.codes, codes);
   EXPECT_EQ(b.gains, gains);

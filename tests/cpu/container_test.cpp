@@ -842,6 +842,29 @@ TEST(ContainerPartialRead, InfoDescribesTheHeader) {
   EXPECT_GE(info.decoded_bytes, m.cache.bytes() - m.cache.layout().descriptor_bytes());
 }
 
+// bytes() counts the descriptor as the container writes it: a version-1 header is exactly the
+// 48-byte prefix + descriptor_bytes() + per layer its chunk range (16 bytes) and per head the two
+// mean lengths and the fp16 means + 16 bytes per directory entry + the CRC. Both position-set modes.
+TEST(ContainerHeader, DescriptorBytesMatchTheSerializedHeader) {
+  for (const char* spec : {"preset=high,residual=4,gain_bits=16,qweight=0",
+                           "preset=high,residual=4,gain_bits=16,qweight=0,per_head=1"}) {
+    const Made m = make_cache(spec, small_spec(3, 2, 4, 64, 90, 43), 6);
+    const auto bytes = ent::serialize(m.cache);
+    const auto info = ent::read_info(bytes.data(), bytes.size());
+    ASSERT_EQ(info.format_version, 1) << spec;
+    uint64_t header_bytes = 0;
+    std::memcpy(&header_bytes, bytes.data() + 16, sizeof header_bytes);
+    const auto& L = m.cache.layout();
+    size_t means = 0;
+    for (int l = 0; l < L.n_layers; ++l)
+      for (const auto& h : m.cache.layer(l).heads) means += 4 + 2 * (h.key_mean.size() + h.value_mean.size());
+    EXPECT_EQ(header_bytes, 48 + L.descriptor_bytes() + 16 * static_cast<size_t>(L.n_layers) + means +
+                                16 * static_cast<size_t>(info.n_chunks) + 4)
+        << spec;
+    EXPECT_EQ(L.position_sets(), L.per_head_positions ? 2u : 1u) << spec;
+  }
+}
+
 // ---- allocation bound ------------------------------------------------------------------------------------
 
 TEST(ContainerLimits, MaxDecodedBytesIsEnforcedBeforeAllocation) {

@@ -6,9 +6,10 @@
 // the KV heads) or per KV head. Keys are coded with RoPE removed by default; attention
 // re-applies it at each token's stored position.
 //
-// bytes() counts everything a decoder needs: codes, gains, positions, the residual window and a
-// descriptor (shape, codec ids, seeds, RoPE parameters). Derived data (rotation sign masks,
-// cos/sin tables) is rebuilt from the descriptor and not counted.
+// bytes() counts everything a decoder needs: codes, gains, means and scales, positions, the
+// residual window and a descriptor (shape, codec ids, seeds, RoPE parameters, per-layer token
+// counts), the descriptor at the size the container writes it. Derived data (rotation sign
+// masks, cos/sin tables) is rebuilt from the descriptor and not counted.
 #pragma once
 
 #include <array>
@@ -65,10 +66,20 @@ struct CacheLayout {
   int gain_bits = 16;
   float softmax_scale = 0.f;  ///< <= 0: 1/sqrt(head_dim)
 
-  /// Bytes of the serialized descriptor counted by bytes(): a fixed part plus one entry per layer.
-  static constexpr size_t kFixedDescriptorBytes = 96;
-  static constexpr size_t kLayerDescriptorBytes = 4;
-  size_t descriptor_bytes() const { return kFixedDescriptorBytes + kLayerDescriptorBytes * static_cast<size_t>(n_layers); }
+  /// Bytes of the descriptor counted by bytes(): exactly what the container format writes for it
+  /// (docs/format.md §2.2) — the 128-byte layout record, two codec ids per layer, and per layer
+  /// original_tokens and pinned (16 bytes) plus the (coded, window) token counts of each position
+  /// set (16 bytes per set). Container framing (prefix, chunk directory, checksums, length fields)
+  /// is not part of it; container_test checks the sum against a serialized header.
+  static constexpr size_t kLayoutRecordBytes = 128;
+  static constexpr size_t kLayerCodecBytes = 2;
+  static constexpr size_t kLayerCountBytes = 16;
+  static constexpr size_t kSetCountBytes = 16;
+  size_t position_sets() const { return per_head_positions ? static_cast<size_t>(n_kv_heads) : 1u; }
+  size_t descriptor_bytes() const {
+    return kLayoutRecordBytes +
+           static_cast<size_t>(n_layers) * (kLayerCodecBytes + kLayerCountBytes + kSetCountBytes * position_sets());
+  }
   float effective_softmax_scale() const;
 };
 
