@@ -126,7 +126,7 @@ void BM_E8pEncodeBatchSse2(benchmark::State& state) {
   const auto in = gaussian_blocks(kBlocks, 12);
   std::vector<uint32_t> idx(kBlocks);
   for (auto _ : state) {
-    e8kv::codebook::e8p_detail::encode_batch_portable(in.data(), E8P::kInputScale, kBlocks, idx.data());
+    e8kv::codebook::e8p_detail::Batch::portable(in.data(), E8P::kInputScale, kBlocks, idx.data());
     benchmark::ClobberMemory();
   }
   state.SetItemsProcessed(state.iterations() * in.size());

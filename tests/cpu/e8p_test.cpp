@@ -646,9 +646,9 @@ TEST(E8P, BatchPathsEqualSingleBlocks) {
           d(count + 1, 0xDEADBEEFu);
       E8P::encode_batch(x, count, a.data());
       E8P::encode_lattice_batch(x, count, b.data());
-      detail::encode_batch_portable(x, E8P::kInputScale, count, c.data());
+      detail::Batch::portable(x, E8P::kInputScale, count, c.data());
 #if E8KV_X86_DISPATCH
-      if (avx2) detail::encode_batch_avx2(x, E8P::kInputScale, count, d.data());
+      if (avx2) detail::Batch::avx2(x, E8P::kInputScale, count, d.data());
 #endif
       for (size_t k = 0; k < count; ++k) {
         ASSERT_EQ(a[k], E8P::encode(x + 8 * k)) << count << " " << start + k;

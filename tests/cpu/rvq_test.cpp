@@ -437,9 +437,9 @@ TEST(Rvq, BatchPathsEqualSingleBlocksAndTheReferenceRoute) {
       std::vector<uint32_t> e(count + 1, 7u), p(count + 1, 7u), v(count + 1, 7u), r3(count + 1, 7u),
           r4(count + 1, 7u);
       E81B::encode_batch(x, count, e.data());
-      e81b_detail::encode_batch_portable(x, 1.0f, count, p.data());
+      e81b_detail::Batch::portable(x, 1.0f, count, p.data());
 #if E8KV_X86_DISPATCH
-      if (avx2) e81b_detail::encode_batch_avx2(x, 1.0f, count, v.data());
+      if (avx2) e81b_detail::Batch::avx2(x, 1.0f, count, v.data());
 #endif
       Rvq3::encode_batch(x, count, r3.data());
       Rvq4::encode_batch(x, count, r4.data());

@@ -1028,48 +1028,51 @@ struct Kernel : Ops<W> {
     }
   }
 
-  /// index[b] = exact nearest codeword of sanitize(scale·x[8b..8b+8)) for b < count.
-  static E8KV_FORCE_INLINE void encode_batch(const float* x, float scale, size_t count, uint32_t* index) {
+};
+
+/// Batches of any length for a W-lane kernel (Kernel<W>::encode takes W blocks, or fewer with a
+/// count): whole groups of W in place, the tail through a zero-padded copy. Shared by the E8P and
+/// E81B kernels, with their two builds: 128-bit vectors (every SSE2 / NEON host) and, on x86,
+/// 256-bit AVX2 vectors chosen at run time (no FMA: the same results).
+template <template <int> class Kernel>
+struct BatchEncoder {
+  template <int W>
+  static E8KV_FORCE_INLINE void run(const float* x, float scale, size_t count, uint32_t* index) {
     size_t b = 0;
-    for (; b + W <= count; b += W) encode(x + 8 * b, scale, index + b);
+    for (; b + W <= count; b += W) Kernel<W>::encode(x + 8 * b, scale, index + b);
     if (b < count) {
       float tail[8 * W] = {};
       uint32_t tail_index[W];
       for (size_t k = 0; k < 8 * (count - b); ++k) tail[k] = x[8 * b + k];
-      encode(tail, scale, tail_index, static_cast<int>(count - b));
+      Kernel<W>::encode(tail, scale, tail_index, static_cast<int>(count - b));
       for (size_t k = 0; k < count - b; ++k) index[b + k] = tail_index[k];
     }
+  }
+  static void portable(const float* x, float scale, size_t count, uint32_t* index) { run<4>(x, scale, count, index); }
+#if E8KV_X86_DISPATCH
+  __attribute__((target("avx2"), noinline)) static void avx2(const float* x, float scale, size_t count, uint32_t* index) {
+    run<8>(x, scale, count, index);
+  }
+#endif
+  /// The AVX2 build where the CPU has it, else the portable one.
+  static void host(const float* x, float scale, size_t count, uint32_t* index) {
+#if E8KV_X86_DISPATCH
+    if (cpu_has_avx2()) return avx2(x, scale, count, index);
+#endif
+    portable(x, scale, count, index);
   }
 };
 
 }  // namespace vec
 
-/// Host batch on 128-bit vectors (every SSE2 / NEON host).
-inline void encode_batch_portable(const float* x, float scale, size_t count, uint32_t* index) {
-  vec::Kernel<4>::encode_batch(x, scale, count, index);
-}
-
-#if E8KV_X86_DISPATCH
-/// The same on 256-bit AVX2 vectors (no FMA: the results are the same).
-__attribute__((target("avx2"), noinline)) inline void encode_batch_avx2(const float* x, float scale, size_t count,
-                                                               uint32_t* index) {
-  vec::Kernel<8>::encode_batch(x, scale, count, index);
-}
-#endif
-
-/// Host batch encode with runtime dispatch (AVX2 where the CPU has it; same results).
-inline void encode_batch_host(const float* x, float scale, size_t count, uint32_t* index) {
-#if E8KV_X86_DISPATCH
-  if (cpu_has_avx2()) return encode_batch_avx2(x, scale, count, index);
-#endif
-  encode_batch_portable(x, scale, count, index);
-}
+/// E8P host batches: Batch::portable, Batch::avx2 (x86), Batch::host (run-time choice).
+using Batch = vec::BatchEncoder<vec::Kernel>;
 #endif  // E8KV_HOST_VECTORS
 
 /// index[b] = exact nearest codeword of sanitize(fl(scale·x[8b + i])) for b < count.
 E8KV_HD inline void encode_batch(const float* x, float scale, size_t count, uint32_t* index) {
 #if E8KV_HOST_VECTORS && !E8KV_ON_DEVICE
-  encode_batch_host(x, scale, count, index);
+  Batch::host(x, scale, count, index);
 #else
   for (size_t b = 0; b < count; ++b) {
     float z[8];

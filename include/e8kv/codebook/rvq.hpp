@@ -342,46 +342,18 @@ struct Kernel : e8p_detail::vec::Ops<W> {
     }
   }
 
-  static E8KV_FORCE_INLINE void encode_batch(const float* x, float scale, size_t count, uint32_t* index) {
-    size_t b = 0;
-    for (; b + W <= count; b += W) encode(x + 8 * b, scale, index + b);
-    if (b < count) {
-      float tail[8 * W] = {};
-      uint32_t tail_index[W];
-      for (size_t k = 0; k < 8 * (count - b); ++k) tail[k] = x[8 * b + k];
-      encode(tail, scale, tail_index, static_cast<int>(count - b));
-      for (size_t k = 0; k < count - b; ++k) index[b + k] = tail_index[k];
-    }
-  }
 };
 
 }  // namespace vec
 
-/// Host batch: index[b] = E81B index of sanitize(scale·x[8b..8b+8)), on 128-bit vectors.
-inline void encode_batch_portable(const float* x, float scale, size_t count, uint32_t* index) {
-  vec::Kernel<4>::encode_batch(x, scale, count, index);
-}
-
-#if E8KV_X86_DISPATCH
-/// The same on 256-bit AVX2 vectors (same results).
-__attribute__((target("avx2"), noinline)) inline void encode_batch_avx2(const float* x, float scale, size_t count,
-                                                                         uint32_t* index) {
-  vec::Kernel<8>::encode_batch(x, scale, count, index);
-}
-#endif
-
-inline void encode_batch_host(const float* x, float scale, size_t count, uint32_t* index) {
-#if E8KV_X86_DISPATCH
-  if (e8p_detail::cpu_has_avx2()) return encode_batch_avx2(x, scale, count, index);
-#endif
-  encode_batch_portable(x, scale, count, index);
-}
+/// E81B host batches: Batch::portable, Batch::avx2 (x86), Batch::host (run-time choice).
+using Batch = e8p_detail::vec::BatchEncoder<vec::Kernel>;
 #endif  // E8KV_HOST_VECTORS
 
 /// index[b] = E81B index of sanitize(fl(scale·x[8b + i])) for b < count.
 E8KV_HD inline void encode_batch(const float* x, float scale, size_t count, uint32_t* index) {
 #if E8KV_HOST_VECTORS && !E8KV_ON_DEVICE
-  encode_batch_host(x, scale, count, index);
+  Batch::host(x, scale, count, index);
 #else
   for (size_t b = 0; b < count; ++b) {
     float r[8];
