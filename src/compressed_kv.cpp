@@ -17,10 +17,6 @@
 
 namespace e8kv {
 
-namespace {
-inline float dot(const float* a, const float* b, int n) { return dot_product(a, b, n); }
-}  // namespace
-
 float CacheLayout::effective_softmax_scale() const {
   return softmax_scale > 0.f ? softmax_scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
 }
@@ -452,7 +448,7 @@ void softmax_inplace(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] *= inv;
 }
 
-// Keys decoded per batch of the pre-RoPE attention path (one inverse-Hadamard batch).
+// Rows decoded per batch in attend (for pre-RoPE keys: one inverse-Hadamard batch).
 constexpr int64_t kKeyTile = 16;
 
 }  // namespace
@@ -469,8 +465,7 @@ void CompressedKV::attend(int l, const float* q, int32_t position, float* out) c
   const size_t kcb = kq.code_bytes(), vcb = vq.code_bytes();
   std::vector<float> logits, gains, q_rot(static_cast<size_t>(G * d)), acc_rot(static_cast<size_t>(G * d)),
       acc(static_cast<size_t>(G * d));
-  float kbuf[512], vbuf[512];
-  std::vector<float> key_tile(static_cast<size_t>(kKeyTile * d)), window, zeros(static_cast<size_t>(G), 0.f);
+  std::vector<float> tile(static_cast<size_t>(kKeyTile * d)), window, q_dot_mu(static_cast<size_t>(G));
   attend_cpu::IncrementalRope rope(codecs_->key_rope_view(), codecs_->key_rope_low_planar());
   for (int h = 0; h < H; ++h) {
     const auto& hd = ld.heads[static_cast<size_t>(h)];
@@ -495,18 +490,19 @@ void CompressedKV::attend(int l, const float* q, int32_t position, float* out) c
     // Centred keys: k = μ + k̂'. Pre-RoPE: μ is added before RoPE is re-applied; post-RoPE: q·μ is
     // one extra dot per query head.
     float kmu[512], vmu[512];
-    std::vector<float> q_dot_mu(static_cast<size_t>(G));
     const bool k_centred = !hd.key_mean.empty(), v_centred = !hd.value_mean.empty();
     for (int i = 0; i < d; ++i) {
       kmu[i] = k_centred ? fp16_bits_to_float(hd.key_mean[static_cast<size_t>(i)]) : 0.f;
       vmu[i] = v_centred ? fp16_bits_to_float(hd.value_mean[static_cast<size_t>(i)]) : 0.f;
     }
-    for (int g = 0; g < G; ++g) q_dot_mu[static_cast<size_t>(g)] = k_centred && rotated_dot ? dot(qh + g * d, kmu, d) : 0.f;
-    // Keys: coded part.
+    for (int g = 0; g < G; ++g) q_dot_mu[static_cast<size_t>(g)] = k_centred && rotated_dot ? dot_product(qh + g * d, kmu, d) : 0.f;
+    // Keys: coded part. The fp16 codec stores the post-RoPE key itself: rows in the engine's basis.
     if (k_fp16) {
-      for (int64_t t = 0; t < nc; ++t) {
-        kq.decode(&hd.key_codes[static_cast<size_t>(t) * kcb], 0, kbuf);
-        for (int g = 0; g < G; ++g) logits[static_cast<size_t>(g * n + t)] = dot(qh + g * d, kbuf, d) * scale;
+      for (int64_t t0 = 0; t0 < nc; t0 += kKeyTile) {
+        const int64_t m = std::min<int64_t>(kKeyTile, nc - t0);
+        for (int64_t k = 0; k < m; ++k)
+          kq.decode(&hd.key_codes[static_cast<size_t>(t0 + k) * kcb], 0, &tile[static_cast<size_t>(k * d)]);
+        attend_cpu::score_rows(qh, nullptr, G, d, scale, tile.data(), t0, m, logits.data(), static_cast<size_t>(n));
       }
     } else {
       const auto key_gain = hd.key_gains_reader();
@@ -532,13 +528,13 @@ void CompressedKV::attend(int l, const float* q, int32_t position, float* out) c
         for (int64_t t0 = 0; t0 < nc; t0 += kKeyTile) {
           const int64_t m = std::min<int64_t>(kKeyTile, nc - t0);
           attend_cpu::decode_rows<Code>(&hd.key_codes[static_cast<size_t>(t0) * kcb], kcb, &gains[static_cast<size_t>(t0)], m,
-                                        d, key_tile.data());
+                                        d, tile.data());
           if (rotated_dot) {
-            attend_cpu::score_rotated_rows(q_rot.data(), q_dot_mu.data(), G, d, scale, key_tile.data(), t0, m,
-                                           logits.data(), static_cast<size_t>(n));
+            attend_cpu::score_rows(q_rot.data(), q_dot_mu.data(), G, d, scale, tile.data(), t0, m, logits.data(),
+                                   static_cast<size_t>(n));
           } else {
-            rot.inverse_batch(key_tile.data(), key_tile.data(), static_cast<size_t>(m), static_cast<size_t>(d));
-            attend_cpu::finish_key_tile(args, key_tile.data(), t0, m, pos.data(), rope);
+            rot.inverse_batch(tile.data(), tile.data(), static_cast<size_t>(m), static_cast<size_t>(d));
+            attend_cpu::finish_key_tile(args, tile.data(), t0, m, pos.data(), rope);
           }
         }
         return 0;
@@ -548,24 +544,18 @@ void CompressedKV::attend(int l, const float* q, int32_t position, float* out) c
     window.resize(static_cast<size_t>(nw * d));
     if (nw > 0) {
       fp16_bits_to_floats(hd.window_keys.data(), window.data(), window.size());
-      attend_cpu::score_rotated_rows(qh, zeros.data(), G, d, scale, window.data(), nc, nw, logits.data(),
-                                     static_cast<size_t>(n));
+      attend_cpu::score_rows(qh, nullptr, G, d, scale, window.data(), nc, nw, logits.data(), static_cast<size_t>(n));
     }
     for (int g = 0; g < G; ++g) softmax_inplace(logits.data() + static_cast<size_t>(g) * n, n);
     // Values.
     std::fill(acc_rot.begin(), acc_rot.end(), 0.f);
     std::fill(acc.begin(), acc.end(), 0.f);
-    auto accumulate = [&](std::vector<float>& dst, int64_t t, const float* v) {
-      for (int g = 0; g < G; ++g) {
-        const float p = logits[static_cast<size_t>(g * n + t)];
-        float* a = &dst[static_cast<size_t>(g * d)];
-        for (int i = 0; i < d; ++i) a[i] += p * v[i];
-      }
-    };
     if (v_fp16) {
-      for (int64_t t = 0; t < nc; ++t) {
-        vq.decode(&hd.value_codes[static_cast<size_t>(t) * vcb], 0, vbuf);
-        accumulate(acc, t, vbuf);
+      for (int64_t t0 = 0; t0 < nc; t0 += kKeyTile) {
+        const int64_t m = std::min<int64_t>(kKeyTile, nc - t0);
+        for (int64_t k = 0; k < m; ++k)
+          vq.decode(&hd.value_codes[static_cast<size_t>(t0 + k) * vcb], 0, &tile[static_cast<size_t>(k * d)]);
+        attend_cpu::accumulate_rows(tile.data(), logits.data(), static_cast<size_t>(n), t0, m, G, d, acc.data());
       }
     } else {
       const auto value_gain = hd.value_gains_reader();

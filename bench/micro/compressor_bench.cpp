@@ -17,10 +17,6 @@
 
 namespace {
 using namespace e8kv;
-using e8kv::attend_cpu::f32x8;
-using e8kv::attend_cpu::load8;
-using e8kv::attend_cpu::splat8;
-using e8kv::attend_cpu::store8;
 
 constexpr int kKvHeads = 8, kQHeads = 32, kDim = 128;
 
@@ -128,14 +124,9 @@ E8KV_FORCE_INLINE void dense_gqa_body(const DenseArgs& a) {
     softmax_rows(a.logits, a.n, G);
     float* o = a.out + static_cast<size_t>(h) * G * kDim;
     std::fill(o, o + G * kDim, 0.f);
-    for (int64_t t = 0; t < a.n; ++t) {
-      const float* v = a.v + (static_cast<size_t>(t) * kKvHeads + h) * kDim;
-      for (int g = 0; g < G; ++g) {
-        const f32x8 w = splat8(a.logits[static_cast<size_t>(g) * a.n + t]);
-        float* og = o + g * kDim;
-        for (int i = 0; i < kDim; i += 8) store8(og + i, load8(og + i) + w * load8(v + i));
-      }
-    }
+    for (int64_t t = 0; t < a.n; ++t)
+      accumulate_token(a.v + (static_cast<size_t>(t) * kKvHeads + h) * kDim, a.logits, static_cast<size_t>(a.n), t, G,
+                       kDim, o);
   }
 }
 

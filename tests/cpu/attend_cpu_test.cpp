@@ -157,8 +157,8 @@ TEST(AttendCpu, KeyTileKernelsAgreeAcrossIsas) {
           }
           const auto mu = gaussian(static_cast<size_t>(G), seed + 6);
           std::vector<float> lb(static_cast<size_t>(G) * n, 0.f), la(lb);
-          ac::score_rotated_rows_base(q.data(), mu.data(), G, d, 0.2f, rows0.data(), t0, m, lb.data(), static_cast<size_t>(n));
-          ac::score_rotated_rows_avx2(q.data(), mu.data(), G, d, 0.2f, rows0.data(), t0, m, la.data(), static_cast<size_t>(n));
+          ac::score_rows_base(q.data(), mu.data(), G, d, 0.2f, rows0.data(), t0, m, lb.data(), static_cast<size_t>(n));
+          ac::score_rows_avx2(q.data(), mu.data(), G, d, 0.2f, rows0.data(), t0, m, la.data(), static_cast<size_t>(n));
           EXPECT_TRUE(same_bits(la, lb)) << "d " << d << " G " << G;
         }
       }

@@ -20,9 +20,6 @@
 
 namespace e8kv::attend_cpu {
 
-/// True when the AVX2 builds of the kernels may run.
-inline bool has_avx2() { return cpu_has_avx2(); }
-
 // Eight floats as one value: the kernels' unit of work (one E8 block, one AVX register, two
 // SSE registers in the baseline build). Lane arithmetic only, so both builds round alike.
 #if defined(__GNUC__) || defined(__clang__)
@@ -204,17 +201,30 @@ E8KV_FORCE_INLINE void finish_key_tile_body(const KeyTileArgs& a, float* rows, i
   }
 }
 
-/// Rotated-basis keys (post-RoPE storage): logits[g·n + t0 + k] = (q_rot_g·row_k + q_dot_mu[g])·scale.
-E8KV_FORCE_INLINE void score_rotated_rows_body(const float* q_rot, const float* q_dot_mu, int G, int d, float scale,
-                                               const float* rows, int64_t t0, int64_t m, float* logits, size_t n) {
+/// logits[g·n + t0 + k] = (q_g·row_k + q_dot_mu[g])·scale for the m rows of a tile, or
+/// (q_g·row_k)·scale when q_dot_mu is null. Used for rotated-basis keys (post-RoPE storage, q
+/// rotated, q_dot_mu = q·μ) and for rows already in the engine's basis (fp16 window or codec).
+E8KV_FORCE_INLINE void score_rows_body(const float* q, const float* q_dot_mu, int G, int d, float scale,
+                                       const float* rows, int64_t t0, int64_t m, float* logits, size_t n) {
   float dots[64];
   for (int64_t k = 0; k < m; ++k) {
     for (int g0 = 0; g0 < G; g0 += 64) {
       const int gn = G - g0 < 64 ? G - g0 : 64;
-      dot_heads(q_rot + static_cast<size_t>(g0) * d, gn, d, rows + static_cast<size_t>(k) * d, 1.f, dots, 1);
+      dot_heads(q + static_cast<size_t>(g0) * d, gn, d, rows + static_cast<size_t>(k) * d, 1.f, dots, 1);
       for (int g = 0; g < gn; ++g)
-        logits[static_cast<size_t>(g0 + g) * n + static_cast<size_t>(t0 + k)] = (dots[g] + q_dot_mu[g0 + g]) * scale;
+        logits[static_cast<size_t>(g0 + g) * n + static_cast<size_t>(t0 + k)] =
+            q_dot_mu != nullptr ? (dots[g] + q_dot_mu[g0 + g]) * scale : dots[g] * scale;
     }
+  }
+}
+
+/// acc[g·d + i] += p[g·n + t]·v[i] for the G query heads: one token's share of the output.
+E8KV_FORCE_INLINE void accumulate_token(const float* v, const float* p, size_t n, int64_t t, int G, int d,
+                                        float* acc) {
+  for (int g = 0; g < G; ++g) {
+    const f32x8 w = splat8(p[static_cast<size_t>(g) * n + static_cast<size_t>(t)]);
+    float* a = acc + static_cast<size_t>(g) * d;
+    for (int i = 0; i < d; i += 8) store8(a + i, load8(a + i) + w * load8(v + i));
   }
 }
 
@@ -226,25 +236,14 @@ E8KV_FORCE_INLINE void accumulate_values_body(const uint8_t* codes, size_t code_
   alignas(32) float v[512];
   for (int64_t t = 0; t < nc; ++t) {
     quant::decode_vector_with_gain<Code>(codes + static_cast<size_t>(t) * code_bytes, gains[t], d, v);
-    for (int g = 0; g < G; ++g) {
-      const f32x8 w = splat8(p[static_cast<size_t>(g) * n + static_cast<size_t>(t)]);
-      float* a = acc + static_cast<size_t>(g) * d;
-      for (int i = 0; i < d; i += 8) store8(a + i, load8(a + i) + w * load8(v + i));
-    }
+    accumulate_token(v, p, n, t, G, d, acc);
   }
 }
 
-/// acc[g·d + i] += p[g·n + t0 + k]·rows[k·d + i] for the m rows given as floats (the fp16 window).
+/// acc[g·d + i] += p[g·n + t0 + k]·rows[k·d + i] for m rows given as floats (fp16 window or codec).
 E8KV_FORCE_INLINE void accumulate_rows_body(const float* rows, const float* p, size_t n, int64_t t0, int64_t m, int G,
                                             int d, float* acc) {
-  for (int64_t k = 0; k < m; ++k) {
-    const float* v = rows + static_cast<size_t>(k) * d;
-    for (int g = 0; g < G; ++g) {
-      const f32x8 w = splat8(p[static_cast<size_t>(g) * n + static_cast<size_t>(t0 + k)]);
-      float* a = acc + static_cast<size_t>(g) * d;
-      for (int i = 0; i < d; i += 8) store8(a + i, load8(a + i) + w * load8(v + i));
-    }
-  }
+  for (int64_t k = 0; k < m; ++k) accumulate_token(rows + static_cast<size_t>(k) * d, p, n, t0 + k, G, d, acc);
 }
 
 // ---- the two builds of each kernel, and the run-time choice ---------------------------------
@@ -259,7 +258,7 @@ E8KV_TARGET_AVX2_FLAT inline void decode_rows_avx2(const uint8_t* c, size_t cb, 
 }
 template <class Code>
 inline void decode_rows(const uint8_t* c, size_t cb, const float* g, int64_t m, int d, float* r) {
-  if (has_avx2()) return decode_rows_avx2<Code>(c, cb, g, m, d, r);
+  if (cpu_has_avx2()) return decode_rows_avx2<Code>(c, cb, g, m, d, r);
   decode_rows_base<Code>(c, cb, g, m, d, r);
 }
 
@@ -273,22 +272,22 @@ E8KV_TARGET_AVX2_FLAT inline void finish_key_tile_avx2(const KeyTileArgs& a, flo
 }
 inline void finish_key_tile(const KeyTileArgs& a, float* rows, int64_t t0, int64_t m, const int32_t* pos,
                             IncrementalRope& rope) {
-  if (has_avx2()) return finish_key_tile_avx2(a, rows, t0, m, pos, rope);
+  if (cpu_has_avx2()) return finish_key_tile_avx2(a, rows, t0, m, pos, rope);
   finish_key_tile_base(a, rows, t0, m, pos, rope);
 }
 
-E8KV_TARGET_BASE_FLAT inline void score_rotated_rows_base(const float* q, const float* mu, int G, int d, float s,
+E8KV_TARGET_BASE_FLAT inline void score_rows_base(const float* q, const float* mu, int G, int d, float s,
                                                      const float* rows, int64_t t0, int64_t m, float* l, size_t n) {
-  score_rotated_rows_body(q, mu, G, d, s, rows, t0, m, l, n);
+  score_rows_body(q, mu, G, d, s, rows, t0, m, l, n);
 }
-E8KV_TARGET_AVX2_FLAT inline void score_rotated_rows_avx2(const float* q, const float* mu, int G, int d, float s,
+E8KV_TARGET_AVX2_FLAT inline void score_rows_avx2(const float* q, const float* mu, int G, int d, float s,
                                                      const float* rows, int64_t t0, int64_t m, float* l, size_t n) {
-  score_rotated_rows_body(q, mu, G, d, s, rows, t0, m, l, n);
+  score_rows_body(q, mu, G, d, s, rows, t0, m, l, n);
 }
-inline void score_rotated_rows(const float* q, const float* mu, int G, int d, float s, const float* rows, int64_t t0,
+inline void score_rows(const float* q, const float* mu, int G, int d, float s, const float* rows, int64_t t0,
                                int64_t m, float* l, size_t n) {
-  if (has_avx2()) return score_rotated_rows_avx2(q, mu, G, d, s, rows, t0, m, l, n);
-  score_rotated_rows_base(q, mu, G, d, s, rows, t0, m, l, n);
+  if (cpu_has_avx2()) return score_rows_avx2(q, mu, G, d, s, rows, t0, m, l, n);
+  score_rows_base(q, mu, G, d, s, rows, t0, m, l, n);
 }
 
 template <class Code>
@@ -304,7 +303,7 @@ E8KV_TARGET_AVX2_FLAT inline void accumulate_values_avx2(const uint8_t* c, size_
 template <class Code>
 inline void accumulate_values(const uint8_t* c, size_t cb, const float* gains, const float* p, size_t n, int64_t nc,
                               int G, int d, float* acc) {
-  if (has_avx2()) return accumulate_values_avx2<Code>(c, cb, gains, p, n, nc, G, d, acc);
+  if (cpu_has_avx2()) return accumulate_values_avx2<Code>(c, cb, gains, p, n, nc, G, d, acc);
   accumulate_values_base<Code>(c, cb, gains, p, n, nc, G, d, acc);
 }
 
@@ -318,7 +317,7 @@ E8KV_TARGET_AVX2_FLAT inline void accumulate_rows_avx2(const float* rows, const 
 }
 inline void accumulate_rows(const float* rows, const float* p, size_t n, int64_t t0, int64_t m, int G, int d,
                             float* acc) {
-  if (has_avx2()) return accumulate_rows_avx2(rows, p, n, t0, m, G, d, acc);
+  if (cpu_has_avx2()) return accumulate_rows_avx2(rows, p, n, t0, m, G, d, acc);
   accumulate_rows_base(rows, p, n, t0, m, G, d, acc);
 }
 

@@ -18,12 +18,12 @@
 #include <memory>
 #include <vector>
 
+#include "e8kv/numeric/half.hpp"
 #include "e8kv/quant/codec.hpp"
+#include "e8kv/quant/gain_code.hpp"
 #include "e8kv/quant/kv_vector_codec.hpp"
 #include "e8kv/quant/vector_quantizer.hpp"
 #include "e8kv/transform/hadamard.hpp"
-#include "e8kv/numeric/half.hpp"
-#include "e8kv/quant/gain_code.hpp"
 #include "e8kv/transform/rope.hpp"
 
 namespace e8kv {

@@ -220,10 +220,11 @@ E8KV_HD inline void encode_rotated_vector(const float* x, int d, float scale, Ga
   uint32_t index[kMaxCodecHeadDim / 8];
   for (int i = 0; i < 8 * blocks; ++i) u[i] = fp::mul(is_finite_value(x[i]) ? x[i] : 0.f, to_u);
   detail::encode_blocks<Code>(u, blocks, index);
+  const auto tables = codebook::host_decode::tables();  // fetched once: each fetch tests two guards
   for (int j = 0; j < blocks; ++j) {
     float q[8];
     if constexpr (codebook::host_decode::kPreferTableDecode<Code>)
-      codebook::host_decode::decode_block<Code>(index[j], q);  // the same floats, vectorized
+      codebook::host_decode::decode_block<Code>(tables, index[j], q);  // the same floats, vectorized
     else
       Code::decode(index[j], q);
     double a = 0.0, b = 0.0;
