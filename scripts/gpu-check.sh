@@ -82,7 +82,7 @@ if [ ${#GTEST_INC[@]} -gt 0 ]; then
   gtest_obj=("$B/obj/gtest-all.o"); compile "$B/obj/gtest-all.o" g++ -std=c++17 -O2 "${GTEST_INC[@]}" "$DEPS/googletest/src/gtest-all.cc"
 fi
 tests=()
-for s in tests/gpu/*_test.cu; do
+for s in tests/cuda/*_test.cu; do
   n="gpu_$(basename "$s" .cu)"; tests+=("$n"); compile "$B/obj/$n.o" nvcc "${NVFLAGS[@]}" "${GTEST_INC[@]}" "$s"
 done
 compile "$B/obj/gpu_bench.o" nvcc "${NVFLAGS[@]}" bench/gpu/gpu_bench.cu

@@ -29,13 +29,13 @@
 #include <string>
 #include <vector>
 
-#include "../../tests/tools/cache_digest.hpp"
+#include "testing/cache_digest.hpp"
 #include "e8kv/codebook/e8p.hpp"
 #include "e8kv/codebook/rvq.hpp"
 #include "e8kv/compressor.hpp"
 #include "e8kv/entropy/container.hpp"
 #include "e8kv/numeric/half.hpp"
-#include "e8kv/testing/synthetic_kv.hpp"
+#include "testing/synthetic_kv.hpp"
 #include "e8kv/version.hpp"
 
 namespace {

@@ -28,7 +28,7 @@
 #include "e8kv/codebook/voronoi.hpp"
 #include "e8kv/error.hpp"
 #include "e8kv/quant/vector_quantizer.hpp"
-#include "e8kv/testing/synthetic_kv.hpp"
+#include "testing/synthetic_kv.hpp"
 #include "e8kv/transform/hadamard.hpp"
 #include "npy.hpp"
 

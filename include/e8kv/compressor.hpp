@@ -18,6 +18,7 @@
 
 #include "e8kv/cache/compressed_kv.hpp"
 #include "e8kv/cache/kv_view.hpp"
+#include "e8kv/config.hpp"
 #include "e8kv/quant/codec.hpp"
 #include "e8kv/quant/vector_quantizer.hpp"
 #include "e8kv/select/eviction.hpp"
@@ -25,84 +26,6 @@
 #include "e8kv/transform/rope.hpp"
 
 namespace e8kv {
-
-struct ModelShape {
-  int n_layers = 0;
-  int n_kv_heads = 0;
-  int n_q_heads = 0;   ///< a multiple of n_kv_heads (GQA); equal = MHA; n_kv_heads = 1 is MQA
-  int head_dim = 0;    ///< one of 64, 80, 96, 128, 256
-  void validate() const;
-};
-
-/// Per-layer override of the key and value codecs (the "rate profile").
-struct LayerRate {
-  quant::Codec key = quant::Codec::kRvq3;
-  quant::Codec value = quant::Codec::kE8P;
-};
-
-struct Config {
-  // Quantization.
-  quant::Codec key_codec = quant::Codec::kRvq3;
-  quant::Codec value_codec = quant::Codec::kE8P;
-  quant::GainPolicy key_gain = quant::GainPolicy::kNormPreserving;
-  quant::GainPolicy value_gain = quant::GainPolicy::kNormPreserving;
-  float key_scale = 1.0f;    ///< relative to the code's Gaussian-optimal scale (α = scale·kInputScale·√d)
-  float value_scale = 1.0f;
-  int protect_boundary = 0;  ///< the first and the last N layers stay fp16
-  std::vector<LayerRate> layer_rates;  ///< empty, or one entry per layer (overrides the two codecs)
-  uint64_t rotation_seed = 0x5EED'E8C0'DE00'0001ull;  ///< per (layer, head) signs derive from it
-
-  // Keys: RoPE removed before quantization (re-applied at attention) unless false.
-  bool keys_pre_rope = true;
-  transform::RopeParams rope{};
-
-  // Eviction.
-  double eviction_rate = 0.0;
-  int sinks = 4;
-  int recent_window = 32;
-  select::ScorerKind scorer = select::ScorerKind::kObservationWindow;
-  int obs_window = 32;
-  int pool_kernel = 7;
-  select::Aggregation gqa_aggregation = select::Aggregation::kMean;
-  select::Aggregation head_aggregation = select::Aggregation::kMean;
-  bool per_head_selection = false;
-  uint64_t scorer_seed = 0;
-
-  // Residual fp16 window for appended tokens, flushed into codes in whole blocks.
-  int residual_length = 0;  ///< tokens always left in fp16 after a flush
-  int flush_block = 16;     ///< tokens coded per flush (a page of the GPU cache)
-  bool fp16_sinks = true;   ///< the first `sinks` tokens stay in fp16 (pinned in the window)
-  bool center = true;       ///< code k − μ and v − μ with per-(layer, head) fp16 means
-  int mean_tokens = 64;     ///< tokens the means are estimated from (coding waits for them)
-  /// Query-weighted keys: scale each key channel pair by (query energy / key energy)^(1/4),
-  /// measured on the observation-window queries and the mean tokens, before coding (undone on
-  /// decode). It minimizes the expected q·k error rather than ‖k − k̂‖²; needs queries at
-  /// compress time (without them keys are coded unscaled). See CacheLayout::query_weighted_keys.
-  /// On by default: K3V2's next-token KL on SmolLM2 drops by a third (docs/accuracy.md).
-  bool query_weighted_keys = true;
-  /// Bits per stored vector gain: 8 (log-domain code, 1/32-octave steps around a per-head
-  /// reference; quant/gain_code.hpp) or 16 (fp16). 8 by default: it saves 0.125 bits per element
-  /// at head_dim 64 and left SmolLM2's K3V2 KL unchanged (docs/accuracy.md). The paged GPU
-  /// layout (cache/paged_kv.hpp) needs 16 and query_weighted_keys = false.
-  int gain_bits = 8;
-
-  float softmax_scale = 0.f;  ///< scale of q·k; <= 0 means 1/sqrt(head_dim)
-
-  /// Named presets: lossless, quant-k4v4, quant-k3v3, quant-k4v2, quant-k3v2, quant-k2v2, high,
-  /// asym, balanced, max. (K3V3 and K4V4: at equal bits, balanced rates beat K4V2 on SmolLM2.)
-  static Config preset(const std::string& name);
-  static const char* preset_names();
-  /// "preset=high,key=rvq3,value=e8p2,evict=0.6,sinks=4,recent=32,scorer=obs-window,window=32,
-  ///  pool=7,protect=2,rope=pre|post,key_gain=norm,value_gain=ls,key_scale=1,value_scale=1,
-  ///  residual=0,flush=16,per_head=0,fp16_sinks=1,center=1,mean_tokens=64,seed=..." — the preset (wherever it appears) is applied first,
-  /// so an explicit field always wins over the preset.
-  static Config parse(const std::string& spec);
-  /// Throws e8kv::Error naming the field and the accepted values.
-  void validate(const ModelShape& shape) const;
-  /// Key and value codecs of a layer after boundary protection and the rate profile.
-  LayerRate layer_rate(int layer, int n_layers) const;
-  std::string describe() const;
-};
 
 class KVCompressor {
  public:

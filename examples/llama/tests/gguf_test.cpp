@@ -13,7 +13,7 @@
 
 #include "e8kv/error.hpp"
 #include "e8kv/llama/testing.hpp"
-#include "test_util.hpp"
+#include "testing/test_util.hpp"
 
 namespace {
 

@@ -19,7 +19,7 @@
 #include "e8kv/llama/testing.hpp"
 #include "e8kv/llama/thread_pool.hpp"
 #include "kernels.hpp"
-#include "test_util.hpp"
+#include "testing/test_util.hpp"
 
 namespace {
 

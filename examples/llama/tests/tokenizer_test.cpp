@@ -18,7 +18,7 @@
 #include "e8kv/llama/gguf.hpp"
 #include "e8kv/llama/model.hpp"
 #include "e8kv/llama/testing.hpp"
-#include "test_util.hpp"
+#include "testing/test_util.hpp"
 
 namespace {
 

@@ -13,7 +13,7 @@
 #include <cstring>
 #include <vector>
 
-#include "e8kv/config.hpp"
+#include "e8kv/platform.hpp"
 #include "e8kv/numeric/cpu_features.hpp"
 #include "e8kv/quant/kv_vector_codec.hpp"
 #include "e8kv/quant/vector_quantizer.hpp"

@@ -18,6 +18,7 @@
 #include <memory>
 #include <vector>
 
+#include "e8kv/cache/cache_layout.hpp"
 #include "e8kv/numeric/half.hpp"
 #include "e8kv/quant/codec.hpp"
 #include "e8kv/quant/gain_code.hpp"
@@ -27,61 +28,6 @@
 #include "e8kv/transform/rope.hpp"
 
 namespace e8kv {
-
-/// Everything a decoder needs to interpret the codes of a cache (its descriptor).
-struct CacheLayout {
-  int n_layers = 0;
-  int n_kv_heads = 0;
-  int n_q_heads = 0;
-  int head_dim = 0;
-  std::vector<quant::Codec> key_codec;    ///< per layer
-  std::vector<quant::Codec> value_codec;  ///< per layer
-  quant::GainPolicy key_gain = quant::GainPolicy::kNormPreserving;
-  quant::GainPolicy value_gain = quant::GainPolicy::kNormPreserving;
-  float key_scale = 1.f;
-  float value_scale = 1.f;
-  bool keys_pre_rope = true;
-  transform::RopeParams rope{};
-  uint64_t rotation_seed = 0;
-  bool per_head_positions = false;
-  int residual_length = 0;
-  int flush_block = 16;
-  /// Centre coded vectors on a per-(layer, head) mean (fp16, estimated from the first
-  /// mean_tokens coded tokens; keys in the frame they are coded in). Pre-RoPE keys of one head
-  /// share a large common component (‖k − μ‖² is 10-25 % of ‖k‖² on SmolLM2), so coding k − μ
-  /// cuts the key error several-fold for 2·d fp16 values per head.
-  bool center = true;
-  int mean_tokens = 64;
-  /// Query-weighted keys. The error that matters for a key is q·(k − k̂), whose expectation over
-  /// queries is Σ_i w_i e_i² with w_i the query energy of channel i, while the codec spreads its
-  /// error evenly over the channels it sees. Coding S·k (S diagonal, σ_i² the key energy) and
-  /// decoding S⁻¹·(S·k)^ gives an expected error ∝ Σ s_i² σ_i² · Σ w_i / s_i², least at
-  /// s_i ∝ (w_i / σ_i²)^(1/4) (Cauchy–Schwarz); we use a shrunk exponent (see key_channel_scales). s is equal within each RoPE pair (energies are pair-averaged), so S commutes with
-  /// RoPE and applies in either key frame. Stored per (layer, head): head_dim fp16 values, once
-  /// estimated from the observation queries and the mean tokens (compress() must get queries).
-  bool query_weighted_keys = false;
-  /// Bits per stored vector gain: 16 (fp16, HeadData::key_gains / value_gains) or 8 (a log-domain
-  /// code relative to a per-(layer, head, kind) fp16 reference, quant/gain_code.hpp;
-  /// HeadData::key_gain_codes / value_gain_codes and key_gain_ref / value_gain_ref).
-  int gain_bits = 16;
-  float softmax_scale = 0.f;  ///< <= 0: 1/sqrt(head_dim)
-
-  /// Bytes of the descriptor counted by bytes(): exactly what the container format writes for it
-  /// (docs/format.md §2.2) — the 128-byte layout record, two codec ids per layer, and per layer
-  /// original_tokens and pinned (16 bytes) plus the (coded, window) token counts of each position
-  /// set (16 bytes per set). Container framing (prefix, chunk directory, checksums, length fields)
-  /// is not part of it; container_test checks the sum against a serialized header.
-  static constexpr size_t kLayoutRecordBytes = 128;
-  static constexpr size_t kLayerCodecBytes = 2;
-  static constexpr size_t kLayerCountBytes = 16;
-  static constexpr size_t kSetCountBytes = 16;
-  size_t position_sets() const { return per_head_positions ? static_cast<size_t>(n_kv_heads) : 1u; }
-  size_t descriptor_bytes() const {
-    return kLayoutRecordBytes +
-           static_cast<size_t>(n_layers) * (kLayerCodecBytes + kLayerCountBytes + kSetCountBytes * position_sets());
-  }
-  float effective_softmax_scale() const;
-};
 
 /// Immutable codecs derived from a layout: quantizers, per (layer, head) rotations, RoPE.
 /// Shared by a compressor and the caches it made; all methods are const and thread-safe.

@@ -19,7 +19,7 @@
 
 #include <cstdint>
 
-#include "e8kv/config.hpp"
+#include "e8kv/platform.hpp"
 
 namespace e8kv {
 

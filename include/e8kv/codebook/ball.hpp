@@ -46,7 +46,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "e8kv/config.hpp"
+#include "e8kv/platform.hpp"
 #include "e8kv/error.hpp"
 #include "e8kv/lattice/e8.hpp"
 #include "e8kv/lattice/shells.hpp"

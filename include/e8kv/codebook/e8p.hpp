@@ -74,28 +74,12 @@
 #include <cstdint>
 #include <cstring>
 
-#include "e8kv/config.hpp"
+#include "e8kv/platform.hpp"
 #include "e8kv/lattice/e8.hpp"
 #include "e8kv/numeric/cpu_features.hpp"
 #include "e8kv/numeric/fp.hpp"
 
-// Host batches run on GCC/Clang vector extensions (GCC >= 9 for __builtin_convertvector), with a
-// copy compiled for AVX2 chosen at run time on x86 (the baseline build flags stay portable).
-// Elsewhere, and under nvcc, batches loop over the single-block encoder.
-#ifndef E8KV_HOST_VECTORS
-#if !defined(__CUDACC__) && (defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 9))
-#define E8KV_HOST_VECTORS 1
-#else
-#define E8KV_HOST_VECTORS 0
-#endif
-#endif
-#ifndef E8KV_X86_DISPATCH
-#if E8KV_HOST_VECTORS && (defined(__x86_64__) || defined(__i386__))
-#define E8KV_X86_DISPATCH 1
-#else
-#define E8KV_X86_DISPATCH 0
-#endif
-#endif
+// Host batches: E8KV_HOST_VECTORS / E8KV_X86_DISPATCH (e8kv/platform.hpp).
 
 namespace e8kv::codebook {
 

@@ -45,7 +45,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "e8kv/config.hpp"
+#include "e8kv/platform.hpp"
 #include "e8kv/numeric/fp.hpp"
 
 #if defined(__CUDACC__)

@@ -14,7 +14,7 @@
 
 #include <cstdint>
 
-#include "e8kv/config.hpp"
+#include "e8kv/platform.hpp"
 #include "e8kv/numeric/fp.hpp"
 
 namespace e8kv::lattice {

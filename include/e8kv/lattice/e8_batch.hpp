@@ -25,7 +25,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "e8kv/config.hpp"
+#include "e8kv/platform.hpp"
 #include "e8kv/lattice/e8.hpp"
 #include "e8kv/numeric/cpu_features.hpp"
 

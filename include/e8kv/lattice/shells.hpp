@@ -25,7 +25,7 @@
 #include <string>
 #include <vector>
 
-#include "e8kv/config.hpp"
+#include "e8kv/platform.hpp"
 #include "e8kv/error.hpp"
 
 namespace e8kv::lattice {

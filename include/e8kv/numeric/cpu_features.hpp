@@ -4,24 +4,9 @@
 
 #include <atomic>
 
-#include "e8kv/config.hpp"
+#include "e8kv/platform.hpp"
 
-// Host code on x86-64 with GCC or Clang, not under nvcc (its host pass gets the baseline loops).
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
-#define E8KV_HOST_AVX2_DISPATCH 1
-/// An AVX2 twin of a loop: every call inside is inlined into it (flatten), so the whole body is
-/// compiled for AVX2. No FMA: results stay bit-identical to the baseline build.
-#define E8KV_TARGET_AVX2_FLAT __attribute__((target("avx2"), flatten, noinline))
-#else
-#define E8KV_HOST_AVX2_DISPATCH 0
-#define E8KV_TARGET_AVX2_FLAT
-#endif
-/// The baseline twin, compiled the same way (flattened) so the two differ only in ISA.
-#if defined(__GNUC__) || defined(__clang__)
-#define E8KV_TARGET_BASE_FLAT __attribute__((flatten, noinline))
-#else
-#define E8KV_TARGET_BASE_FLAT
-#endif
+// The twin macros (E8KV_TARGET_*_FLAT, E8KV_HOST_AVX2_DISPATCH) live in e8kv/platform.hpp.
 
 namespace e8kv {
 
@@ -43,6 +28,21 @@ inline bool cpu_has_avx2() {
   static const bool has = [] {
     __builtin_cpu_init();  // needed when the first call comes from a static initializer
     return __builtin_cpu_supports("avx2") != 0;
+  }();
+  return has && !detail::baseline_isa_forced().load(std::memory_order_relaxed);
+#else
+  return false;
+#endif
+}
+
+/// True when AVX2, FMA and F16C code may run here (computed once) and the baseline build is not
+/// forced: the twins marked E8KV_TARGET_AVX2_FMA_FLAT.
+inline bool cpu_has_avx2_fma() {
+#if E8KV_HOST_AVX2_DISPATCH
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") != 0 && __builtin_cpu_supports("fma") != 0 &&
+           __builtin_cpu_supports("f16c") != 0;
   }();
   return has && !detail::baseline_isa_forced().load(std::memory_order_relaxed);
 #else

@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-#include "e8kv/config.hpp"
+#include "e8kv/platform.hpp"
 
 namespace e8kv::fp {
 

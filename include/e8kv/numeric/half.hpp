@@ -18,7 +18,7 @@
 #include <cstring>
 #include <type_traits>
 
-#include "e8kv/config.hpp"
+#include "e8kv/platform.hpp"
 
 namespace e8kv {
 

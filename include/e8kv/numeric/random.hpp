@@ -10,7 +10,7 @@
 
 #include <cstdint>
 
-#include "e8kv/config.hpp"
+#include "e8kv/platform.hpp"
 
 namespace e8kv {
 

@@ -18,7 +18,7 @@
 #include <cstring>
 #include <string>
 
-#include "e8kv/config.hpp"
+#include "e8kv/platform.hpp"
 #include "e8kv/error.hpp"
 
 namespace e8kv::pack {

@@ -31,20 +31,12 @@
 #include <cstring>
 #include <vector>
 
-#include "e8kv/config.hpp"
+#include "e8kv/platform.hpp"
 #include "e8kv/numeric/fp.hpp"
 #include "e8kv/numeric/half.hpp"
 #include "e8kv/quant/vector_quantizer.hpp"
 #include "e8kv/transform/hadamard.hpp"
 #include "e8kv/transform/rope.hpp"
-
-// Full unrolling of the fixed 8-element lane loops on the device (register arrays must be
-// indexed by constants there); host compilers unroll or vectorize them on their own.
-#if defined(__CUDA_ARCH__)
-#define E8KV_LANE_UNROLL _Pragma("unroll")
-#else
-#define E8KV_LANE_UNROLL
-#endif
 
 namespace e8kv::quant {
 

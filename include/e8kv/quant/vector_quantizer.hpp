@@ -19,7 +19,7 @@
 #include <type_traits>
 
 #include "e8kv/codebook/host_decode.hpp"
-#include "e8kv/config.hpp"
+#include "e8kv/platform.hpp"
 #include "e8kv/error.hpp"
 #include "e8kv/numeric/fp.hpp"
 #include "e8kv/numeric/half.hpp"

@@ -43,7 +43,7 @@
 #include <utility>
 #include <vector>
 
-#include "e8kv/config.hpp"
+#include "e8kv/platform.hpp"
 #include "e8kv/error.hpp"
 #include "e8kv/numeric/cpu_features.hpp"
 #include "e8kv/numeric/fp.hpp"

@@ -1,0 +1,219 @@
+// Paged layout (cache/paged_layout.hpp) and the host conversion CompressedKV <-> pages
+// (cache/paged_kv.hpp): hand-computed offsets, block tables, round trips on ragged batches.
+#include "e8kv/cache/paged_kv.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "e8kv/compressor.hpp"
+#include "testing/synthetic_kv.hpp"
+#include "testing/test_util.hpp"
+
+namespace {
+using namespace e8kv;
+
+TEST(PagedLayout, OffsetsMatchAHandComputedPage) {
+  // d = 128, 8 KV heads, 16 tokens per page, E8P keys and values (32 bytes per vector).
+  const PagedLayout L = make_paged_layout(16, 8, 128, 16, 16, false);
+  EXPECT_EQ(L.key_code_bytes, 32);
+  EXPECT_EQ(L.value_code_bytes, 32);
+  EXPECT_EQ(L.key_codes_offset, 0);
+  EXPECT_EQ(L.key_gains_offset, 8 * 16 * 32);
+  EXPECT_EQ(L.value_codes_offset, 8 * 16 * 32 + 8 * 16 * 2);
+  EXPECT_EQ(L.value_gains_offset, 2 * 8 * 16 * 32 + 8 * 16 * 2);
+  EXPECT_EQ(L.positions_offset, 2 * (8 * 16 * 32 + 8 * 16 * 2));
+  EXPECT_EQ(L.page_bytes, 2 * (8 * 16 * 32 + 8 * 16 * 2) + 16 * 4);
+  EXPECT_EQ(L.key_code_offset(3, 5), (3 * 16 + 5) * 32);
+  EXPECT_EQ(L.position_offset(7, 5), L.positions_offset + 5 * 4);  // shared set: head ignored
+  // Rvq3 keys (24 bytes per 8 of d = 64: 24), fp16 values (128 bytes), 3 tokens, 2 heads,
+  // per-head positions: every section starts at a multiple of 16.
+  const PagedLayout M = make_paged_layout(3, 2, 64, 24, 0, true);
+  EXPECT_EQ(M.key_code_bytes, 8 * 3);
+  EXPECT_EQ(M.value_code_bytes, 128);
+  EXPECT_EQ(M.value_gain_bytes, 0);
+  EXPECT_EQ(M.key_gains_offset, 144);           // 2·3·24 = 144
+  EXPECT_EQ(M.value_codes_offset, 160);         // 144 + 12 -> 160
+  EXPECT_EQ(M.value_gains_offset, 160 + 768);   // 2·3·128
+  EXPECT_EQ(M.positions_offset, 160 + 768);     // no value gains
+  EXPECT_EQ(M.page_bytes, 160 + 768 + 32);      // 2·3·4 = 24 -> 32
+  EXPECT_EQ(M.position_offset(1, 2), M.positions_offset + (3 + 2) * 4);
+  // Out-of-range arguments give page_bytes 0.
+  EXPECT_EQ(make_paged_layout(0, 8, 128, 16, 16, false).page_bytes, 0);
+  EXPECT_EQ(make_paged_layout(16, 8, 100, 16, 16, false).page_bytes, 0);
+  EXPECT_EQ(make_paged_layout(16, 8, 128, 12, 16, false).page_bytes, 0);
+}
+
+TEST(PagedLayout, BlockTablesAreValidPermutations) {
+  const std::vector<int32_t> lens = {0, 1, 16, 17, 100, 33};
+  for (uint64_t seed : {0ull, 1ull, 99ull}) {
+    const PagedBlockTable t = make_block_table(lens, 16, seed, 5);
+    ASSERT_EQ(t.batch(), 6);
+    ASSERT_EQ(t.page_indptr.size(), 7u);
+    const int expect_pages[] = {0, 1, 1, 2, 7, 3};
+    for (int b = 0; b < 6; ++b) EXPECT_EQ(t.page_indptr[b + 1] - t.page_indptr[b], expect_pages[b]);
+    EXPECT_EQ(t.n_pages, 14 + 5);
+    std::set<int32_t> seen(t.page_indices.begin(), t.page_indices.end());
+    EXPECT_EQ(seen.size(), t.page_indices.size());
+    for (int32_t p : t.page_indices) EXPECT_TRUE(p >= 0 && p < t.n_pages);
+    if (seed == 0) {
+      for (size_t i = 0; i < t.page_indices.size(); ++i) EXPECT_EQ(t.page_indices[i], static_cast<int32_t>(i));
+    }
+    EXPECT_EQ(t.slot(4, 37), int64_t(t.page_indices[t.page_indptr[4] + 2]) * 16 + 5);
+    EXPECT_THROW(t.slot(4, 112), Error);
+    EXPECT_THROW(t.slot(6, 0), Error);
+  }
+  EXPECT_EQ(make_block_table(lens, 16, 7, 5).page_indices, make_block_table(lens, 16, 7, 5).page_indices);
+  EXPECT_NE(make_block_table(lens, 16, 7, 5).page_indices, make_block_table(lens, 16, 8, 5).page_indices);
+  EXPECT_THROW(make_block_table(lens, 0), Error);
+  EXPECT_THROW(make_block_table({-1}, 16), Error);
+}
+
+struct Batch {
+  std::vector<synth::SyntheticKV> data;
+  std::unique_ptr<KVCompressor> compressor;
+  std::vector<CompressedKV> caches;
+};
+
+Batch make_batch(const std::vector<int>& lengths, const char* preset, bool per_head, int residual, uint64_t seed,
+                 bool center = true) {
+  Batch out;
+  Config cfg = Config::preset(preset);
+  cfg.gain_bits = 16;  // the paged layout stores fp16 gains
+  cfg.center = center;
+  cfg.per_head_selection = per_head;
+  cfg.residual_length = residual;
+  cfg.flush_block = 16;
+  ModelShape shape{2, 2, 4, 64};
+  out.compressor = std::make_unique<KVCompressor>(shape, cfg);
+  for (size_t b = 0; b < lengths.size(); ++b) {
+    synth::SyntheticSpec s;
+    s.n_layers = 2;
+    s.n_kv_heads = 2;
+    s.n_q_heads = 4;
+    s.head_dim = 64;
+    s.tokens = lengths[b];
+    s.seed = seed + b;
+    out.data.push_back(synth::make_synthetic_kv(s));
+  }
+  for (size_t b = 0; b < lengths.size(); ++b) {
+    SequenceKV seq;
+    const auto& d = out.data[b];
+    for (int l = 0; l < 2; ++l)
+      seq.layers.push_back({TensorView::nhd(d.keys[l].data(), DType::kF32, lengths[b], 2, 64),
+                            TensorView::nhd(d.values[l].data(), DType::kF32, lengths[b], 2, 64)});
+    out.caches.push_back(out.compressor->compress(seq));
+  }
+  return out;
+}
+
+bool same_layer(const CompressedKV& a, const CompressedKV& b, int l) {
+  const auto &x = a.layer(l), &y = b.layer(l);
+  if (x.positions != y.positions || x.window_positions != y.window_positions || x.pinned != y.pinned) return false;
+  for (size_t h = 0; h < x.heads.size(); ++h) {
+    const auto &p = x.heads[h], &q = y.heads[h];
+    if (p.key_codes != q.key_codes || p.value_codes != q.value_codes || p.key_gains != q.key_gains ||
+        p.value_gains != q.value_gains || p.window_keys != q.window_keys || p.window_values != q.window_values ||
+        p.key_mean != q.key_mean || p.value_mean != q.value_mean)
+      return false;
+  }
+  return true;
+}
+
+TEST(PagedKV, RoundTripOfARaggedBatch) {
+  for (const char* preset : {"quant-k2v2", "quant-k3v2", "quant-k4v2", "lossless"}) {
+    for (bool per_head : {false, true}) {
+      const bool center = !per_head;  // both centring modes
+      Batch batch = make_batch({0, 1, 37, 300}, preset, per_head, 8, 600, center);
+      EXPECT_GT(batch.caches[3].layer(0).pinned, 0) << "fp16 sinks are pinned in the window";
+      if (center && std::string(preset) != "lossless") {
+        EXPECT_EQ(batch.caches[3].layer(0).heads[1].key_mean.size(), 64u);
+      }
+      std::vector<const CompressedKV*> in;
+      for (const auto& c : batch.caches) in.push_back(&c);
+      for (int layer = 0; layer < 2; ++layer) {
+        PagedOptions opt;
+        opt.page_tokens = 16;
+        opt.shuffle_seed = 1234 + layer;
+        opt.spare_pages = 3;
+        opt.pool_fill = 0xA5;
+        const PagedLayer paged = to_paged(in, layer, opt);
+        EXPECT_EQ(paged.layout.position_sets, per_head ? 2 : 1);
+        EXPECT_EQ(paged.means.size(), center ? size_t(4 * 2 * 2 * 64) : 0u);
+        EXPECT_EQ(paged.pool.size(), size_t(paged.table.n_pages) * size_t(paged.layout.page_bytes));
+        // Codes of one slot read straight from the pool equal the cache's bytes.
+        const auto& c3 = batch.caches[3];
+        const int64_t slot = paged.table.slot(3, 100);
+        const uint8_t* page = paged.pool.data() + slot / 16 * paged.layout.page_bytes;
+        const size_t kcb = static_cast<size_t>(paged.layout.key_code_bytes);
+        EXPECT_EQ(0, std::memcmp(page + paged.layout.key_code_offset(1, slot % 16),
+                                 &c3.layer(layer).heads[1].key_codes[100 * kcb], kcb));
+        int32_t pos = -1;
+        std::memcpy(&pos, page + paged.layout.position_offset(1, slot % 16), 4);
+        EXPECT_EQ(pos, c3.positions(layer, 1)[100]);
+        // Back into fresh caches with the same codecs: identical layers, identical attention.
+        std::vector<CompressedKV> fresh;
+        for (size_t b = 0; b < batch.caches.size(); ++b) fresh.emplace_back(batch.caches[b].shared_codecs());
+        std::vector<CompressedKV*> outs;
+        for (auto& c : fresh) outs.push_back(&c);
+        from_paged(paged, layer, outs);
+        for (size_t b = 0; b < batch.caches.size(); ++b) {
+          ASSERT_TRUE(same_layer(batch.caches[b], fresh[b], layer)) << preset << " b " << b << " layer " << layer;
+          if (batch.caches[b].stored_tokens(layer) == 0) continue;
+          std::vector<float> o1(256), o2(256);
+          const float* q = batch.data[b].queries[layer].data();
+          batch.caches[b].attend(layer, q, 0, o1.data());
+          fresh[b].attend(layer, q, 0, o2.data());
+          EXPECT_EQ(o1, o2);
+        }
+      }
+    }
+  }
+}
+
+TEST(PagedKV, SignBitsAndErrors) {
+  Batch batch = make_batch({40}, "quant-k3v2", false, 0, 610);
+  const CacheCodecs& codecs = batch.caches[0].codecs();
+  const auto bits = packed_sign_bits(codecs, 1);
+  ASSERT_EQ(bits.size(), 2u * 2u * 2u);  // heads x kinds x (64 / 32) words
+  for (int h = 0; h < 2; ++h)
+    for (int kind = 0; kind < 2; ++kind)
+      for (int w = 0; w < 2; ++w) EXPECT_EQ(bits[(h * 2 + kind) * 2 + w], codecs.rotation(1, h, kind).sign_bits()[w]);
+  EXPECT_THROW(packed_sign_bits(codecs, 2), Error);
+  EXPECT_THROW(paged_layout_for(codecs, 0, 0), Error);
+  EXPECT_THROW(to_paged({}, 0), Error);
+  // Caches from two compressors cannot share pages.
+  Batch other = make_batch({40}, "quant-k3v2", false, 0, 611);
+  EXPECT_THROW(to_paged({&batch.caches[0], &other.caches[0]}, 0), Error);
+  // Per-head sets of different sizes cannot share pages.
+  Batch ph = make_batch({100}, "quant-k3v2", true, 0, 612);  // enough tokens to code past the means
+  ASSERT_FALSE(ph.caches[0].layer(0).positions[1].empty());
+  auto& ld = ph.caches[0].mutable_layer(0);
+  ld.positions[1].pop_back();
+  EXPECT_THROW(to_paged({&ph.caches[0]}, 0), Error);
+  // Window capacity too small.
+  Batch w = make_batch({40}, "quant-k3v2", false, 8, 613);
+  PagedOptions opt;
+  opt.window_capacity = 1;
+  EXPECT_THROW(to_paged({&w.caches[0]}, 0, opt), Error);
+  // from_paged into caches of another codec.
+  const PagedLayer paged = to_paged({&batch.caches[0]}, 0);
+  Batch k2 = make_batch({40}, "quant-k2v2", false, 0, 614);
+  EXPECT_THROW(from_paged(paged, 0, {&k2.caches[0]}), Error);
+  EXPECT_THROW(from_paged(paged, 0, {}), Error);
+  // Query-weighted keys are not carried by the paged layout: refused, not dropped.
+  Batch qw = make_batch({100}, "quant-k3v2", false, 0, 615);
+  qw.caches[0].mutable_layer(0).heads[1].key_channel_scale.assign(64, 0x3C00);  // fp16 1.0
+  try {
+    to_paged({&qw.caches[0]}, 0);
+    ADD_FAILURE() << "to_paged accepted key channel scales";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("query-weighted keys"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace

@@ -1,0 +1,657 @@
+// KVCompressor tests: attention through the codes against fp32 attention, eviction invariants,
+// GQA/MQA, ragged batches, append/flush equivalence, byte accounting and error handling.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <thread>
+#include <vector>
+
+#include "e8kv/compressor.hpp"
+#include "e8kv/numeric/half.hpp"
+#include "testing/synthetic_kv.hpp"
+#include "testing/test_util.hpp"
+
+namespace {
+using namespace e8kv;
+
+struct Fixture {
+  synth::SyntheticKV data;
+  ModelShape shape;
+  std::vector<LayerQueries> queries;
+  SequenceKV seq;
+
+  explicit Fixture(const synth::SyntheticSpec& spec) : data(synth::make_synthetic_kv(spec)) {
+    shape = {spec.n_layers, spec.n_kv_heads, spec.n_q_heads, spec.head_dim};
+    for (int l = 0; l < spec.n_layers; ++l) {
+      LayerKV kv;
+      kv.keys = TensorView::nhd(data.keys[l].data(), DType::kF32, spec.tokens, spec.n_kv_heads, spec.head_dim);
+      kv.values = TensorView::nhd(data.values[l].data(), DType::kF32, spec.tokens, spec.n_kv_heads, spec.head_dim);
+      seq.layers.push_back(kv);
+      LayerQueries q;
+      q.queries = TensorView::nhd(data.queries[l].data(), DType::kF32, static_cast<int64_t>(data.query_positions.size()),
+                                  spec.n_q_heads, spec.head_dim);
+      q.positions = data.query_positions.data();
+      queries.push_back(q);
+    }
+  }
+  const float* query(int layer, int w) const {
+    return &data.queries[layer][static_cast<size_t>(w) * shape.n_q_heads * shape.head_dim];
+  }
+};
+
+// Dense fp32 attention of one query token over [n, kv_heads, d] K/V, optionally fp16-rounded.
+std::vector<float> dense_attention(const float* q, const std::vector<float>& K, const std::vector<float>& V, int64_t n,
+                                   int H, int Q, int d, std::vector<std::vector<double>>* weights = nullptr) {
+  std::vector<float> out(static_cast<size_t>(Q) * d, 0.f);
+  if (weights) weights->assign(Q, {});
+  const int G = Q / H;
+  for (int qh = 0; qh < Q; ++qh) {
+    const int h = qh / G;
+    std::vector<double> logit(static_cast<size_t>(n));
+    double m = -1e300;
+    for (int64_t t = 0; t < n; ++t) {
+      double s = 0;
+      for (int i = 0; i < d; ++i) s += double(q[qh * d + i]) * K[(t * H + h) * d + i];
+      logit[t] = s / std::sqrt(double(d));
+      m = std::max(m, logit[t]);
+    }
+    double z = 0;
+    for (auto& x : logit) z += (x = std::exp(x - m));
+    for (auto& x : logit) x /= z;
+    for (int64_t t = 0; t < n; ++t)
+      for (int i = 0; i < d; ++i) out[qh * d + i] += static_cast<float>(logit[t] * V[(t * H + h) * d + i]);
+    if (weights) (*weights)[qh] = logit;
+  }
+  return out;
+}
+
+double rel_l2(const std::vector<float>& a, const std::vector<float>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (double(a[i]) - ref[i]) * (double(a[i]) - ref[i]);
+    den += double(ref[i]) * ref[i];
+  }
+  return std::sqrt(num / den);
+}
+
+synth::SyntheticSpec default_spec(uint64_t seed) {
+  synth::SyntheticSpec s;
+  s.n_layers = 2;
+  s.n_kv_heads = 2;
+  s.n_q_heads = 4;
+  s.head_dim = 64;
+  s.tokens = 300;
+  s.seed = seed;
+  return s;
+}
+
+struct Errors {
+  double out_rel_l2 = 0;  // mean over layers and queries
+  double kl = 0;          // mean KL(approx || reference) of attention weights
+};
+
+// Attention through the codes vs fp32 attention over the original (unevicted) cache.
+Errors measure(const Fixture& f, const Config& cfg) {
+  KVCompressor c(f.shape, cfg);
+  const CompressedKV cache = c.compress(f.seq, &f.queries);
+  const auto& s = f.data.spec;
+  Errors e;
+  int count = 0;
+  for (int l = 0; l < s.n_layers; ++l) {
+    std::vector<std::vector<CompactHead>> heads;
+    for (int h = 0; h < s.n_kv_heads; ++h) heads.push_back({cache.decompress_head(l, h)});
+    for (int w = 0; w < static_cast<int>(f.data.query_positions.size()); w += 4) {
+      const float* q = f.query(l, w);
+      std::vector<std::vector<double>> wref;
+      const auto ref = dense_attention(q, f.data.keys[l], f.data.values[l], s.tokens, s.n_kv_heads, s.n_q_heads,
+                                       s.head_dim, &wref);
+      std::vector<float> out(ref.size());
+      c.attend(cache, l, q, s.tokens, out.data());
+      e.out_rel_l2 += rel_l2(out, ref);
+      // KL(approx || ref) over the kept tokens of each query head (finite under eviction).
+      const int G = s.n_q_heads / s.n_kv_heads;
+      for (int qh = 0; qh < s.n_q_heads; ++qh) {
+        const CompactHead& ch = heads[qh / G][0];
+        const int64_t n = static_cast<int64_t>(ch.positions.size());
+        std::vector<double> logit(static_cast<size_t>(n));
+        double m = -1e300, z = 0, kl = 0;
+        for (int64_t t = 0; t < n; ++t) {
+          double dot = 0;
+          for (int i = 0; i < s.head_dim; ++i) dot += double(q[qh * s.head_dim + i]) * ch.keys[t * s.head_dim + i];
+          logit[t] = dot / std::sqrt(double(s.head_dim));
+          m = std::max(m, logit[t]);
+        }
+        for (auto& x : logit) z += (x = std::exp(x - m));
+        for (int64_t t = 0; t < n; ++t) {
+          const double p = logit[t] / z, r = wref[qh][ch.positions[t]];
+          if (p > 0) kl += p * std::log(p / r);
+        }
+        e.kl += kl / s.n_q_heads;
+      }
+      ++count;
+    }
+  }
+  e.out_rel_l2 /= count;
+  e.kl /= count;
+  return e;
+}
+
+// Per-preset tolerances on this synthetic cache: ~1.3x the measured values, far below what a
+// broken codec gives (outputs unrelated to the reference have relative error ~1.4).
+struct PresetBound {
+  const char* name;
+  double max_rel_l2;
+  double max_kl;
+};
+
+TEST(Compressor, PresetsStayWithinTolerance) {
+  auto spec = default_spec(101);
+  spec.tokens = 640;  // enough that 80 % eviction still leaves tokens to code after the means
+  Fixture f(spec);
+  const PresetBound bounds[] = {
+      // measured (seed 101, 640 tokens, defaults of commit 13d136d+: query-weighted keys, 8-bit
+      // gains): k4v2 0.189/0.0071, k3v2 0.231/0.0428, k2v2 0.265/0.0883, high 0.220/0.0366,
+      // asym 0.196/0.0153, balanced 0.234/0.0460, max 0.247/0.0682. The synthetic cache has
+      // sharp attention (heavy hitters), so value errors do not average out; its near-isotropic
+      // queries give the query weighting nothing to exploit (k3v2 was 0.0285 without it).
+      // k4v4 0.075/0.0071, k3v3 0.169/0.0428 (attention KL depends on the keys alone).
+      {"quant-k4v4", 0.10, 0.0095}, {"quant-k3v3", 0.22, 0.056},
+      {"quant-k4v2", 0.25, 0.0095}, {"quant-k3v2", 0.30, 0.056}, {"quant-k2v2", 0.35, 0.115},
+      {"high", 0.29, 0.048},        {"asym", 0.26, 0.020},       {"balanced", 0.31, 0.060},
+      {"max", 0.33, 0.09},
+  };
+  double prev_kl = 0;
+  for (const auto& b : bounds) {
+    const Errors e = measure(f, Config::preset(b.name));
+    std::printf("%-12s rel_l2 %.4f  kl %.5f\n", b.name, e.out_rel_l2, e.kl);
+    EXPECT_LT(e.out_rel_l2, b.max_rel_l2) << b.name;
+    EXPECT_LT(e.kl, b.max_kl) << b.name;
+    if (std::string(b.name) == "quant-k3v2") {
+      EXPECT_GT(e.kl, prev_kl) << "3-bit keys must lose more than 4-bit";
+    }
+    if (std::string(b.name) == "quant-k2v2") {
+      EXPECT_GT(e.kl, prev_kl) << "2-bit keys must lose more than 3-bit";
+    }
+    prev_kl = e.kl;
+  }
+}
+
+TEST(Compressor, CentringAndFp16SinksReduceAttentionError) {
+  auto spec = default_spec(107);
+  spec.tokens = 400;
+  Fixture f(spec);
+  Config plain = Config::preset("quant-k2v2");
+  plain.center = false;
+  plain.fp16_sinks = false;
+  Config centred = plain;
+  centred.center = true;
+  Config both = centred;
+  both.fp16_sinks = true;
+  const Errors e0 = measure(f, plain), e1 = measure(f, centred), e2 = measure(f, both);
+  std::printf("plain kl %.5f, centred %.5f, centred + fp16 sinks %.5f\n", e0.kl, e1.kl, e2.kl);
+  EXPECT_LT(e1.kl, 0.8 * e0.kl);
+  // Synthetic sinks are ordinary tokens, so pinning them changes little here (the real-model
+  // evaluation measures it); it must not undo the centring gain.
+  EXPECT_LT(e2.kl, 0.8 * e0.kl);
+  // The sinks are pinned in the window: fp16 and exact.
+  KVCompressor c(f.shape, both);
+  const auto cache = c.compress(f.seq);
+  EXPECT_EQ(cache.layer(0).pinned, 4);
+  const auto ch = cache.decompress_head(0, 1);
+  for (int t = 0; t < 4; ++t)
+    for (int i = 0; i < spec.head_dim; ++i)
+      EXPECT_EQ(ch.keys[t * spec.head_dim + i],
+                fp16_bits_to_float(float_to_fp16_bits(f.data.keys[0][(t * spec.n_kv_heads + 1) * spec.head_dim + i])));
+}
+
+TEST(Compressor, PostRopeStorageAlsoWorks) {
+  Fixture f(default_spec(102));
+  Config cfg = Config::preset("quant-k3v2");
+  cfg.keys_pre_rope = false;
+  const Errors e = measure(f, cfg);
+  // measured (seed 102): rel_l2 0.272, kl 0.0306
+  EXPECT_LT(e.out_rel_l2, 0.33);
+  EXPECT_LT(e.kl, 0.045);
+}
+
+TEST(Compressor, LosslessIsExactOnFp16Input) {
+  const auto spec = default_spec(103);
+  Fixture f(spec);
+  // Round the cache to fp16 and hand it over as fp16.
+  std::vector<std::vector<uint16_t>> kh(spec.n_layers), vh(spec.n_layers);
+  std::vector<std::vector<float>> kr(spec.n_layers), vr(spec.n_layers);
+  SequenceKV seq;
+  for (int l = 0; l < spec.n_layers; ++l) {
+    for (float x : f.data.keys[l]) kh[l].push_back(float_to_fp16_bits(x));
+    for (float x : f.data.values[l]) vh[l].push_back(float_to_fp16_bits(x));
+    for (uint16_t b : kh[l]) kr[l].push_back(fp16_bits_to_float(b));
+    for (uint16_t b : vh[l]) vr[l].push_back(fp16_bits_to_float(b));
+    seq.layers.push_back({TensorView::nhd(kh[l].data(), DType::kF16, spec.tokens, spec.n_kv_heads, spec.head_dim),
+                          TensorView::nhd(vh[l].data(), DType::kF16, spec.tokens, spec.n_kv_heads, spec.head_dim)});
+  }
+  KVCompressor c(f.shape, Config::preset("lossless"));
+  const auto cache = c.compress(seq);
+  for (int l = 0; l < spec.n_layers; ++l) {
+    for (int h = 0; h < spec.n_kv_heads; ++h) {
+      const auto ch = cache.decompress_head(l, h);
+      ASSERT_EQ(ch.positions.size(), static_cast<size_t>(spec.tokens));
+      for (int t = 0; t < spec.tokens; ++t)
+        for (int i = 0; i < spec.head_dim; ++i) {
+          ASSERT_EQ(ch.keys[t * spec.head_dim + i], kr[l][(t * spec.n_kv_heads + h) * spec.head_dim + i]);
+          ASSERT_EQ(ch.values[t * spec.head_dim + i], vr[l][(t * spec.n_kv_heads + h) * spec.head_dim + i]);
+        }
+    }
+    const float* q = f.query(l, 0);
+    const auto ref = dense_attention(q, kr[l], vr[l], spec.tokens, spec.n_kv_heads, spec.n_q_heads, spec.head_dim);
+    std::vector<float> out(ref.size());
+    c.attend(cache, l, q, spec.tokens, out.data());
+    for (size_t i = 0; i < out.size(); ++i) EXPECT_NEAR(out[i], ref[i], 1e-5f * (1.f + std::fabs(ref[i])));
+  }
+  EXPECT_NEAR(cache.compression_ratio(), 1.0, 0.01);
+}
+
+TEST(Compressor, SinksAndRecentKeptAndRateMetExactly) {
+  Fixture f(default_spec(104));
+  for (bool per_head : {false, true}) {
+    for (double rate : {0.35, 0.6, 0.8}) {
+      Config cfg = Config::preset("balanced");
+      cfg.eviction_rate = rate;
+      cfg.per_head_selection = per_head;
+      cfg.sinks = 4;
+      cfg.recent_window = 16;
+      KVCompressor c(f.shape, cfg);
+      const auto cache = c.compress(f.seq, &f.queries);
+      const int64_t n = f.data.spec.tokens;
+      const int64_t expect = n - std::llround(rate * n);
+      for (int l = 0; l < f.shape.n_layers; ++l)
+        for (int h = 0; h < f.shape.n_kv_heads; ++h) {
+          const auto ch = cache.decompress_head(l, h);
+          ASSERT_EQ(static_cast<int64_t>(ch.positions.size()), expect) << "rate " << rate;
+          for (int s = 0; s < 4; ++s) EXPECT_EQ(ch.positions[s], s);
+          for (int r = 0; r < 16; ++r) EXPECT_EQ(ch.positions[expect - 16 + r], n - 16 + r);
+          for (size_t i = 1; i < ch.positions.size(); ++i) ASSERT_LT(ch.positions[i - 1], ch.positions[i]);
+        }
+      if (!per_head) {
+        for (int l = 0; l < f.shape.n_layers; ++l) EXPECT_EQ(cache.positions(l, 0), cache.positions(l, 1));
+      }
+    }
+  }
+}
+
+TEST(Compressor, EvictedTokensAreMaskedNotZeroed) {
+  Fixture f(default_spec(105));
+  KVCompressor c(f.shape, Config::preset("balanced"));
+  const auto cache = c.compress(f.seq, &f.queries);
+  const auto dense = cache.decompress_layer(0);
+  int evicted = 0;
+  for (int64_t t = 0; t < dense.tokens; ++t) {
+    const float m = dense.mask[t];
+    ASSERT_TRUE(m == 0.f || m == -std::numeric_limits<float>::infinity());
+    evicted += m != 0.f;
+  }
+  EXPECT_EQ(evicted, f.data.spec.tokens - cache.stored_tokens(0, 0));
+  EXPECT_GT(evicted, 0);
+}
+
+TEST(Compressor, GqaAndMqaMatchRepeatedKVReference) {
+  for (int kv_heads : {2, 1}) {  // GQA 2:1 and MQA 4:1
+    auto spec = default_spec(106);
+    spec.n_kv_heads = kv_heads;
+    spec.n_q_heads = 4;
+    Fixture f(spec);
+    for (const char* preset : {"quant-k3v2", "lossless"}) {
+      KVCompressor c(f.shape, Config::preset(preset));
+      const auto cache = c.compress(f.seq);
+      for (int l = 0; l < spec.n_layers; ++l) {
+        // Reference: decode K/V once, repeat it for every query head of the group (MHA layout).
+        const int64_t n = cache.stored_tokens(l, 0);
+        std::vector<float> K(static_cast<size_t>(n) * spec.n_q_heads * spec.head_dim), V(K.size());
+        for (int qh = 0; qh < spec.n_q_heads; ++qh) {
+          const auto ch = cache.decompress_head(l, qh / (spec.n_q_heads / kv_heads));
+          for (int64_t t = 0; t < n; ++t)
+            for (int i = 0; i < spec.head_dim; ++i) {
+              K[(t * spec.n_q_heads + qh) * spec.head_dim + i] = ch.keys[t * spec.head_dim + i];
+              V[(t * spec.n_q_heads + qh) * spec.head_dim + i] = ch.values[t * spec.head_dim + i];
+            }
+        }
+        const float* q = f.query(l, 3);
+        const auto ref = dense_attention(q, K, V, n, spec.n_q_heads, spec.n_q_heads, spec.head_dim);
+        std::vector<float> out(ref.size());
+        c.attend(cache, l, q, spec.tokens, out.data());
+        EXPECT_LT(rel_l2(out, ref), 2e-5) << preset << " kv_heads " << kv_heads;
+      }
+    }
+  }
+}
+
+// attend() on layer l against fp32 attention over decompress_head()'s keys and values: both
+// read the same codes, so they agree to float rounding (relative L2 of the outputs).
+double attend_vs_decompress(const KVCompressor& c, const CompressedKV& cache, const synth::SyntheticSpec& spec, int l,
+                            const float* q, int32_t position) {
+  const int64_t n = cache.stored_tokens(l, 0);
+  std::vector<float> K(static_cast<size_t>(n) * spec.n_kv_heads * spec.head_dim), V(K.size());
+  for (int h = 0; h < spec.n_kv_heads; ++h) {
+    const auto ch = cache.decompress_head(l, h);
+    for (int64_t t = 0; t < n; ++t)
+      for (int i = 0; i < spec.head_dim; ++i) {
+        K[(t * spec.n_kv_heads + h) * spec.head_dim + i] = ch.keys[t * spec.head_dim + i];
+        V[(t * spec.n_kv_heads + h) * spec.head_dim + i] = ch.values[t * spec.head_dim + i];
+      }
+  }
+  const auto ref = dense_attention(q, K, V, n, spec.n_kv_heads, spec.n_q_heads, spec.head_dim);
+  std::vector<float> out(ref.size());
+  c.attend(cache, l, q, position, out.data());
+  return rel_l2(out, ref);
+}
+
+// attend re-applies RoPE with a cached product of the table's upper levels; decompress_head uses
+// the per-position table path. They must agree wherever positions cross a 1024 or 2^20 boundary,
+// for both pair layouts and partial rotary dims.
+TEST(Compressor, AttendMatchesDecompressAcrossRopeTableBoundaries) {
+  auto spec = default_spec(107);
+  Fixture f(spec);
+  for (int32_t first : {0, 1000, (1 << 20) - 150, (1 << 30) + 5}) {
+    for (auto layout : {transform::RopeLayout::kSplitHalf, transform::RopeLayout::kInterleaved}) {
+      for (int rotary : {0, 32}) {
+        Config cfg = Config::preset("quant-k3v2");
+        cfg.rope.layout = layout;
+        cfg.rope.rotary_dim = rotary;
+        KVCompressor c(f.shape, cfg);
+        SequenceKV seq = f.seq;
+        seq.first_position = first;
+        const auto cache = c.compress(seq);
+        for (int l = 0; l < spec.n_layers; ++l)
+          EXPECT_LT(attend_vs_decompress(c, cache, spec, l, f.query(l, 7), first + spec.tokens), 2e-5)
+              << "first position " << first << " rotary " << rotary;
+      }
+    }
+  }
+}
+
+// Query-weighted keys: scales exist only with queries, are equal within every RoPE pair (so they
+// commute with RoPE), are counted by bytes(), and attend still equals attention over
+// decompress() for both key frames; with queries concentrated on a few RoPE pairs they cut the
+// error of q·k (what they minimize) well below unscaled coding.
+TEST(Compressor, QueryWeightedKeys) {
+  auto spec = default_spec(108);
+  Fixture f(spec);
+  for (auto layout : {transform::RopeLayout::kSplitHalf, transform::RopeLayout::kInterleaved}) {
+    for (bool pre : {true, false}) {
+      Config cfg = Config::preset("quant-k3v2");
+      cfg.rope.layout = layout;
+      cfg.keys_pre_rope = pre;
+      KVCompressor c(f.shape, cfg);
+      const auto plain = c.compress(f.seq);
+      const auto weighted = c.compress(f.seq, &f.queries);
+      EXPECT_TRUE(plain.layer(0).heads[0].key_channel_scale.empty()) << "no queries, no scales";
+      EXPECT_EQ(weighted.bytes(), plain.bytes() + 2u * spec.head_dim * spec.n_layers * spec.n_kv_heads);
+      for (int l = 0; l < spec.n_layers; ++l) {
+        for (int h = 0; h < spec.n_kv_heads; ++h) {
+          const auto& s = weighted.layer(l).heads[static_cast<size_t>(h)].key_channel_scale;
+          ASSERT_EQ(s.size(), static_cast<size_t>(spec.head_dim));
+          for (int i = 0; i < spec.head_dim / 2; ++i) {
+            int a = 0, b = 0;
+            transform::rope_pair_indices(layout, spec.head_dim, i, a, b);
+            EXPECT_EQ(s[static_cast<size_t>(a)], s[static_cast<size_t>(b)]) << "pair " << i;
+          }
+        }
+        EXPECT_LT(attend_vs_decompress(c, weighted, spec, l, f.query(l, 5), spec.tokens), 2e-5) << "pre-RoPE " << pre;
+      }
+    }
+  }
+  // Queries 4x larger on the first 4 rotary pairs (split halves: channels j and j + 32), as real
+  // queries concentrate on a few frequencies; the synthetic ones are otherwise near-isotropic.
+  for (auto& layer_q : f.data.queries)
+    for (size_t r = 0; r < layer_q.size() / 64; ++r)
+      for (int j = 0; j < 4; ++j) {
+        layer_q[r * 64 + j] *= 4.f;
+        layer_q[r * 64 + j + 32] *= 4.f;
+      }
+  auto logit_mse = [&](bool weighted) {
+    Config cfg = Config::preset("quant-k3v2");
+    cfg.query_weighted_keys = weighted;
+    KVCompressor c(f.shape, cfg);
+    const auto cache = c.compress(f.seq, &f.queries);
+    double sum = 0;
+    int64_t count = 0;
+    const int G = spec.n_q_heads / spec.n_kv_heads, d = spec.head_dim;
+    for (int l = 0; l < spec.n_layers; ++l)
+      for (int h = 0; h < spec.n_kv_heads; ++h) {
+        const auto ch = cache.decompress_head(l, h);
+        for (size_t t = 0; t < ch.positions.size(); ++t) {
+          const float* k = &f.data.keys[l][(static_cast<size_t>(ch.positions[t]) * spec.n_kv_heads + h) * d];
+          for (size_t w = 0; w < f.data.query_positions.size(); ++w)
+            for (int g = 0; g < G; ++g) {
+              const float* q = f.query(l, static_cast<int>(w)) + (h * G + g) * d;
+              double e = 0;
+              for (int i = 0; i < d; ++i) e += double(q[i]) * (k[i] - ch.keys[t * d + i]);
+              sum += e * e;
+              ++count;
+            }
+        }
+      }
+    return sum / static_cast<double>(count);
+  };
+  const double off = logit_mse(false), on = logit_mse(true);
+  std::printf("query-weighted keys: mean (q.(k - k^))^2 over the observation queries %.4f -> %.4f\n", off, on);
+  EXPECT_LT(on, 0.8 * off);
+}
+
+bool same_codes(const CompressedKV& a, const CompressedKV& b) {
+  if (a.n_layers() != b.n_layers()) return false;
+  for (int l = 0; l < a.n_layers(); ++l) {
+    const auto &x = a.layer(l), &y = b.layer(l);
+    if (x.positions != y.positions || x.window_positions != y.window_positions) return false;
+    for (size_t h = 0; h < x.heads.size(); ++h) {
+      const auto &p = x.heads[h], &q = y.heads[h];
+      if (p.key_codes != q.key_codes || p.value_codes != q.value_codes || p.key_gains != q.key_gains ||
+          p.value_gains != q.value_gains || p.window_keys != q.window_keys || p.window_values != q.window_values)
+        return false;
+    }
+  }
+  return true;
+}
+
+TEST(Compressor, RaggedBatchEqualsSingleRuns) {
+  std::vector<Fixture> fs;
+  const int lengths[3] = {300, 37, 129};
+  for (int b = 0; b < 3; ++b) {
+    auto spec = default_spec(110 + b);
+    spec.tokens = lengths[b];
+    fs.emplace_back(spec);
+  }
+  Config cfg = Config::preset("high");
+  KVCompressor c(fs[0].shape, cfg);
+  std::vector<SequenceKV> batch;
+  std::vector<std::vector<LayerQueries>> qs;
+  for (auto& f : fs) {
+    batch.push_back(f.seq);
+    qs.push_back(f.queries);
+  }
+  const auto out = c.compress_batch(batch, &qs);
+  ASSERT_EQ(out.size(), 3u);
+  for (int b = 0; b < 3; ++b) {
+    const auto single = c.compress(fs[b].seq, &fs[b].queries);
+    EXPECT_TRUE(same_codes(out[b], single)) << "sequence " << b;
+    EXPECT_EQ(out[b].bytes(), single.bytes());
+    EXPECT_EQ(out[b].original_tokens(), lengths[b]);
+  }
+}
+
+TEST(Compressor, AppendAndFlushEqualWholeCompression) {
+  for (int residual : {0, 8}) {
+    auto spec = default_spec(120);
+    Fixture f(spec);
+    Config cfg = Config::preset("quant-k3v2");
+    cfg.residual_length = residual;
+    cfg.flush_block = 16;
+    KVCompressor c(f.shape, cfg);
+    const auto whole = c.compress(f.seq);
+    const int m = 101;
+    SequenceKV prefix;
+    for (const auto& kv : f.seq.layers) prefix.layers.push_back({kv.keys.token_slice(0, m), kv.values.token_slice(0, m)});
+    auto cache = c.compress(prefix);
+    const int H = spec.n_kv_heads, d = spec.head_dim;
+    for (int t = m; t < spec.tokens; ++t)
+      for (int l = 0; l < spec.n_layers; ++l)
+        c.append(cache, l, &f.data.keys[l][static_cast<size_t>(t) * H * d], &f.data.values[l][static_cast<size_t>(t) * H * d], t);
+    EXPECT_TRUE(same_codes(whole, cache)) << "residual " << residual;
+    EXPECT_EQ(whole.bytes(), cache.bytes());
+    // The window obeys the flush rule: residual <= window < residual + flush_block.
+    EXPECT_GE(cache.window_tokens(0), std::min<int64_t>(residual, spec.tokens));
+    EXPECT_LT(cache.window_tokens(0), residual + 16);
+  }
+}
+
+TEST(Compressor, ExtendNeverRequantizesEarlierTokens) {
+  auto spec = default_spec(121);
+  Fixture f(spec);
+  Config cfg = Config::preset("high");
+  KVCompressor c(f.shape, cfg);
+  const int m = 160;
+  SequenceKV first, second;
+  for (const auto& kv : f.seq.layers) {
+    first.layers.push_back({kv.keys.token_slice(0, m), kv.values.token_slice(0, m)});
+    second.layers.push_back({kv.keys.token_slice(m, spec.tokens - m), kv.values.token_slice(m, spec.tokens - m)});
+  }
+  second.first_position = m;
+  auto cache = c.compress(first, &f.queries);  // queries at later positions see only earlier keys
+  const auto before = cache.layer(0).heads[0].key_codes;
+  c.extend(cache, second, &f.queries);
+  const auto& after = cache.layer(0).heads[0].key_codes;
+  ASSERT_GE(after.size(), before.size());
+  EXPECT_TRUE(std::equal(before.begin(), before.end(), after.begin()));
+  EXPECT_EQ(cache.original_tokens(), spec.tokens);
+  // Only the new chunk is evicted from: kept = kept(first) + kept(second).
+  select::EvictionOptions eo;
+  eo.rate = cfg.eviction_rate;
+  eo.sinks = cfg.sinks;
+  eo.recent = cfg.recent_window;
+  const int64_t k1 = select::kept_count(m, eo);
+  eo.sinks = 0;
+  EXPECT_EQ(cache.stored_tokens(0), k1 + select::kept_count(spec.tokens - m, eo));
+}
+
+TEST(Compressor, BytesEqualHandComputedFormula) {
+  auto spec = default_spec(130);
+  spec.tokens = 200;
+  Fixture f(spec);
+  Config cfg = Config::preset("quant-k3v2");  // keys rvq3 (24-bit per 8), values e8p (16-bit per 8)
+  cfg.flush_block = 16;
+  cfg.gain_bits = 16;  // fp16 gains here; 8-bit gains below
+  KVCompressor c(f.shape, cfg);
+  const auto cache = c.compress(f.seq);
+  const int L = spec.n_layers, H = spec.n_kv_heads, d = spec.head_dim;
+  // 200 tokens: 4 pinned fp16 sinks, then 196 >= mean_tokens (64) flushable: 12 blocks of 16 are
+  // coded and 4 stay in the window beside the sinks.
+  const int coded = 192, window = 8;
+  const size_t codes = size_t(L) * H * coded * (d / 8 * 3 + d / 8 * 2);
+  const size_t gains = size_t(L) * H * coded * 2 * 2;
+  const size_t win = size_t(L) * H * window * d * 2 * 2;
+  const size_t positions = size_t(L) * 8;  // contiguous: (start, count) per layer
+  const size_t means = size_t(L) * H * 2 * d * 2;  // fp16 key and value mean per (layer, head)
+  // layout record 128 bytes; per layer 2 codec ids, original_tokens + pinned, one (coded, window) pair
+  const size_t descriptor = 128 + size_t(L) * (2 + 16 + 16);
+  const auto b = cache.byte_breakdown();
+  EXPECT_EQ(b.codes, codes);
+  EXPECT_EQ(b.gains, gains);
+  EXPECT_EQ(b.window, win);
+  EXPECT_EQ(b.positions, positions);
+  EXPECT_EQ(b.means, means);
+  EXPECT_EQ(b.descriptor, descriptor);
+  EXPECT_EQ(cache.bytes(), codes + gains + win + positions + means + descriptor);
+  const double fp16 = double(L) * H * spec.tokens * d * 2 * 2;
+  EXPECT_DOUBLE_EQ(cache.compression_ratio(), fp16 / cache.bytes());
+  // With eviction the positions are no longer contiguous: 4 bytes each.
+  Config ev = Config::preset("balanced");
+  KVCompressor ce(f.shape, ev);
+  const auto evc = ce.compress(f.seq, &f.queries);
+  EXPECT_EQ(evc.byte_breakdown().positions, size_t(L) * 4 * evc.stored_tokens(0));
+  // 8-bit gains: one byte per coded vector plus two fp16 references per (layer, head); with
+  // queries, query-weighted keys add head_dim fp16 scales per (layer, head).
+  Config g8 = Config::preset("quant-k3v2");
+  g8.gain_bits = 8;
+  KVCompressor c8(f.shape, g8);
+  const auto b8 = c8.compress(f.seq, &f.queries).byte_breakdown();
+  EXPECT_EQ(b8.gains, size_t(L) * H * (coded * 2 + 2 * 2));
+  EXPECT_EQ(b8.means, means + size_t(L) * H * d * 2);
+  EXPECT_EQ(b8.codes, codes);
+}
+
+// 8-bit gains: attend equals attention over decompress() (both decode the same float gains),
+// and the error against the original cache stays within 3 % of fp16 gains' (the gain code adds
+// ~1.6e-4 relative MSE per vector).
+TEST(Compressor, EightBitGains) {
+  auto spec = default_spec(131);
+  Fixture f(spec);
+  Config g16 = Config::preset("quant-k3v2"), g8 = g16;
+  g16.gain_bits = 16;
+  g8.gain_bits = 8;
+  KVCompressor c(f.shape, g8);
+  const auto cache = c.compress(f.seq, &f.queries);
+  for (int l = 0; l < spec.n_layers; ++l)
+    EXPECT_LT(attend_vs_decompress(c, cache, spec, l, f.query(l, 9), spec.tokens), 2e-5);
+  const Errors e16 = measure(f, g16), e8 = measure(f, g8);
+  std::printf("gain_bits 16 -> 8: output rel L2 %.5f -> %.5f, KL %.5f -> %.5f\n", e16.out_rel_l2, e8.out_rel_l2, e16.kl,
+              e8.kl);
+  EXPECT_LT(e8.out_rel_l2, 1.03 * e16.out_rel_l2);
+}
+
+TEST(Compressor, ConcurrentAttendIsDeterministic) {
+  Fixture f(default_spec(140));
+  KVCompressor c(f.shape, Config::preset("high"));
+  const auto cache = c.compress(f.seq, &f.queries);
+  const size_t n = static_cast<size_t>(f.shape.n_q_heads * f.shape.head_dim);
+  std::vector<float> ref(n);
+  c.attend(cache, 1, f.query(1, 5), 300, ref.data());
+  std::vector<std::vector<float>> outs(4, std::vector<float>(n));
+  std::vector<std::thread> ts;
+  for (int i = 0; i < 4; ++i)
+    ts.emplace_back([&, i] {
+      for (int r = 0; r < 20; ++r) c.attend(cache, 1, f.query(1, 5), 300, outs[i].data());
+    });
+  for (auto& t : ts) t.join();
+  for (const auto& o : outs) EXPECT_EQ(o, ref);
+}
+
+TEST(Compressor, InvalidConfigsAndShapesGiveClearErrors) {
+  Fixture f(default_spec(150));
+  auto expect_error = [](auto&& fn, const char* needle) {
+    try {
+      fn();
+      ADD_FAILURE() << "no error; expected one mentioning '" << needle << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_error([] { Config::preset("ultra"); }, "lossless");
+  expect_error([] { Config::parse("key=e8p5"); }, "accepted");
+  expect_error([] { Config::parse("evict=abc"); }, "evict");
+  expect_error([] { Config::parse("colour=red"); }, "colour");
+  Config bad = Config::preset("high");
+  bad.eviction_rate = 1.0;
+  expect_error([&] { KVCompressor(f.shape, bad); }, "eviction_rate");
+  bad = Config::preset("high");
+  bad.pool_kernel = 4;
+  expect_error([&] { KVCompressor(f.shape, bad); }, "pool_kernel");
+  expect_error([&] { KVCompressor(ModelShape{2, 2, 4, 72}, Config()); }, "64, 80, 96, 128, 256");
+  expect_error([&] { KVCompressor(ModelShape{2, 3, 4, 64}, Config()); }, "multiple");
+  KVCompressor c(f.shape, Config::preset("high"));
+  expect_error([&] { c.compress(f.seq); }, "queries");  // attention scorer without queries
+  SequenceKV one_layer;
+  one_layer.layers.push_back(f.seq.layers[0]);
+  expect_error([&] { c.compress(one_layer, nullptr); }, "layers");
+  std::vector<float> k(f.data.keys[0]);
+  k[5] = std::numeric_limits<float>::quiet_NaN();
+  SequenceKV nan_seq = f.seq;
+  nan_seq.layers[0].keys = TensorView::nhd(k.data(), DType::kF32, 300, 2, 64);
+  KVCompressor q(f.shape, Config::preset("quant-k3v2"));
+  expect_error([&] { q.compress(nan_seq); }, "non-finite");
+  auto cache = q.compress(f.seq);
+  std::vector<float> kv(2 * 64, 0.f);
+  expect_error([&] { q.append(cache, 0, kv.data(), kv.data(), 10); }, "position");
+  expect_error([&] { q.append(cache, 7, kv.data(), kv.data(), 400); }, "layer");
+}
+
+}  // namespace

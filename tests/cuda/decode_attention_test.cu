@@ -1,0 +1,470 @@
+// paged_decode_attention and paged_dequantize against the CPU reference (CompressedKV::attend,
+// CompressedKV::decompress_head): ragged batches with tails (context 0, 1, not a multiple of the
+// page or of a CTA step, one past a split), GQA 1:1 to 16:1, every kernel codec, pre- and
+// post-RoPE keys, fp16 windows, query/output dtypes, 128K context, poisoned outputs and
+// workspace (every element must be written), CUDA-graph capture. Skips (exit 77) without a device.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "cuda/gpu_test_main.hpp"
+#include "cuda/paged_gpu_util.hpp"
+
+namespace {
+using namespace e8kv;
+using namespace e8kv::gputest;
+
+// Tolerances: max |gpu − cpu| over a query row, relative to max |cpu| of that row. The kernels
+// decode keys and values bit-identically to the CPU; what differs is the fp32 summation order
+// of dots, softmax and accumulation (≈ 1e-6 relative, more over 128K tokens) plus the rounding
+// of the output dtype (fp16: 2^-11, bf16: 2^-8 relative).
+constexpr double kAttentionTolF32 = 2e-4;
+constexpr double kAttentionTolF16 = 2e-3;
+constexpr double kAttentionTolBF16 = 1e-2;
+// Dequantize: bit-identical decode, so at most one ulp of the output dtype after rounding.
+constexpr int kDequantizeMaxUlps = 1;
+
+double tolerance_for(DType t) {
+  return t == DType::kF32 ? kAttentionTolF32 : (t == DType::kF16 ? kAttentionTolF16 : kAttentionTolBF16);
+}
+
+struct PagedSetup {
+  ReferenceBatch ref;
+  PagedLayer paged;
+  std::unique_ptr<DevicePagedLayer> dev;
+  std::unique_ptr<DeviceCodecTables> tables;
+};
+
+PagedSetup make_setup(const ModelShape& shape, const Config& cfg, const std::vector<int>& lengths, uint64_t seed, int layer,
+                 int page_tokens = 16) {
+  PagedSetup s;
+  s.ref = make_reference_batch(shape, cfg, lengths, seed);
+  PagedOptions opt;
+  opt.page_tokens = page_tokens;
+  opt.shuffle_seed = seed;
+  opt.spare_pages = 2;
+  opt.pool_fill = 0xFF;  // unused slots are NaN-like garbage: must never be read
+  s.paged = to_paged(s.ref.pointers(), layer, opt);
+  s.dev = std::make_unique<DevicePagedLayer>(s.paged);
+  s.tables = std::make_unique<DeviceCodecTables>(s.ref.caches[0].codecs(), layer);
+  return s;
+}
+
+std::vector<float> random_queries(int batch, const ModelShape& shape, uint64_t seed, DType dtype) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> g(0.f, 1.f);
+  std::vector<float> q(static_cast<size_t>(batch) * shape.n_q_heads * shape.head_dim);
+  for (auto& x : q) x = 2.f * g(rng);
+  return round_as(q, dtype);
+}
+
+std::vector<float> cpu_attention(const PagedSetup& s, int layer, const std::vector<float>& q) {
+  const int row = s.ref.shape.n_q_heads * s.ref.shape.head_dim;
+  std::vector<float> out(q.size());
+  for (size_t b = 0; b < s.ref.caches.size(); ++b)
+    s.ref.caches[b].attend(layer, &q[b * row], 0, &out[b * row]);
+  return out;
+}
+
+std::vector<float> download_as_float(const DeviceBuffer<uint8_t>& buf, DType t, size_t n) {
+  const auto bytes = buf.download();
+  std::vector<float> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (t == DType::kF32) {
+      std::memcpy(&out[i], &bytes[4 * i], 4);
+    } else {
+      uint16_t b;
+      std::memcpy(&b, &bytes[2 * i], 2);
+      out[i] = from_bits(b, t);
+    }
+  }
+  return out;
+}
+
+cuda::DecodeAttentionParams attention_params(const PagedSetup& s, const void* q, DType q_dtype, void* out, DType out_dtype,
+                                             int split_tokens) {
+  cuda::DecodeAttentionParams p;
+  p.codec = s.tables->params;
+  p.cache = s.dev->view;
+  p.q_heads = s.ref.shape.n_q_heads;
+  p.softmax_scale = s.ref.caches[0].layout().effective_softmax_scale();
+  p.q = q;
+  p.q_dtype = q_dtype;
+  p.out = out;
+  p.out_dtype = out_dtype;
+  p.window_keys = s.dev->window_keys.get();
+  p.window_values = s.dev->window_values.get();
+  p.window_lens = s.dev->window_lens.get();
+  p.window_seq_stride = s.paged.window_seq_stride();
+  p.window_head_stride = s.paged.window_head_stride();
+  p.window_token_stride = s.paged.window_token_stride();
+  p.split_tokens = split_tokens;
+  return p;
+}
+
+// Runs the GPU attention with poisoned output and workspace; returns the output as floats.
+std::vector<float> gpu_attention(const PagedSetup& s, const std::vector<float>& q, DType q_dtype, DType out_dtype,
+                                 int split_tokens) {
+  const size_t n = q.size();
+  DeviceBuffer<uint8_t> dq, dout(n * dtype_size(out_dtype));
+  dq.upload(pack_as(q, q_dtype));
+  dout.fill_bytes(0xFF);
+  cuda::DecodeAttentionParams p = attention_params(s, dq.get(), q_dtype, dout.get(), out_dtype, split_tokens);
+  size_t ws_bytes = 0;
+  EXPECT_EQ(cuda::decode_attention_workspace_bytes(p, &ws_bytes), Status::kSuccess);
+  DeviceBuffer<uint8_t> ws(std::max<size_t>(ws_bytes, 1));
+  ws.fill_bytes(0xFF);
+  EXPECT_EQ(cuda::paged_decode_attention(p, ws.get(), ws_bytes, nullptr), Status::kSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  return download_as_float(dout, out_dtype, n);
+}
+
+// Max over rows of max|a − b| / max|b| (rows of head_dim); every a must be finite.
+double worst_row_error(const std::vector<float>& a, const std::vector<float>& b, int d) {
+  double worst = 0;
+  for (size_t r = 0; r < a.size() / d; ++r) {
+    double err = 0, scale = 0;
+    for (int i = 0; i < d; ++i) {
+      const double x = a[r * d + i], y = b[r * d + i];
+      if (!std::isfinite(x)) return INFINITY;
+      err = std::max(err, std::fabs(x - y));
+      scale = std::max(scale, std::fabs(y));
+    }
+    worst = std::max(worst, scale > 0 ? err / scale : err);
+  }
+  return worst;
+}
+
+// Centring on (per-head fp16 means from the first mean_tokens unpinned tokens) unless `center`
+// is false; the first `sinks` = 4 tokens stay pinned in the fp16 window (the presets' defaults).
+Config config(const char* preset, int residual, int flush, bool pre_rope = true, bool center = true, int mean_tokens = 1) {
+  Config c = Config::preset(preset);
+  c.gain_bits = 16;               // the paged layout stores fp16 gains
+  c.query_weighted_keys = false;  // and no key channel scales
+  c.residual_length = residual;
+  c.flush_block = flush;
+  c.keys_pre_rope = pre_rope;
+  c.center = center;
+  c.mean_tokens = mean_tokens;
+  return c;
+}
+
+TEST(GpuDecodeAttention, RaggedBatchesWithTailsMatchTheCpuReference) {
+  const ModelShape shape{1, 2, 8, 128};  // GQA 4:1
+  // With flush_block 1 every unpinned token is coded; the 4 sinks stay in the window, so the coded
+  // lengths are 0, 0, 1 (context 1), 9 (one past a CTA step of 8 tokens at d = 128), 17 (one past
+  // a page), 16 (a page), 65 and 257 (one past a split of 64 / 256), 996 and 11. With residual 8
+  // and flush 16 a window stays besides.
+  struct Run {
+    const char* preset;
+    int residual, flush;
+    bool center;
+  };
+  const std::vector<int> lengths = {0, 1, 5, 13, 21, 20, 69, 261, 1000, 15};
+  uint64_t seed = 9100;
+  for (const Run& r : {Run{"quant-k2v2", 0, 1, true}, Run{"quant-k3v2", 8, 16, true}, Run{"quant-k4v2", 0, 1, false},
+                       Run{"quant-k2v2", 0, 1, false}, Run{"lossless", 8, 16, true}}) {
+    const PagedSetup s = make_setup(shape, config(r.preset, r.residual, r.flush, true, r.center), lengths, seed++, 0);
+    if (r.flush == 1) {
+      EXPECT_EQ(s.paged.table.coded_lens, (std::vector<int32_t>{0, 0, 1, 9, 17, 16, 65, 257, 996, 11}));
+    }
+    const auto q = random_queries(static_cast<int>(lengths.size()), shape, seed++, DType::kF32);
+    const auto ref = cpu_attention(s, 0, q);
+    for (int split : {0, 64, 256}) {
+      const auto got = gpu_attention(s, q, DType::kF32, DType::kF32, split);
+      const double err = worst_row_error(got, ref, shape.head_dim);
+      std::printf("%-10s residual %d center %d split %4d: worst row error %.2e\n", r.preset, r.residual, r.center, split, err);
+      EXPECT_LT(err, kAttentionTolF32) << r.preset << " split " << split;
+    }
+  }
+}
+
+TEST(GpuDecodeAttention, GqaShapesCodecsAndRopeModes) {
+  struct Case {
+    ModelShape shape;
+    const char* preset;
+    bool pre_rope;
+    int protect;  // 1: layer 0 is fp16/fp16 (layer 1 coded); used with layer 0 or 1
+    int layer;
+  };
+  const Case cases[] = {
+      {{1, 4, 4, 64}, "quant-k2v2", true, 0, 0},    // MHA
+      {{1, 2, 16, 128}, "quant-k3v2", true, 0, 0},  // GQA 8:1
+      {{1, 1, 16, 128}, "quant-k2v2", false, 0, 0}, // MQA 16:1: two query chunks, post-RoPE keys
+      {{1, 2, 8, 256}, "quant-k4v2", true, 0, 0},
+      {{1, 2, 8, 64}, "quant-k3v2", false, 0, 0},
+      {{3, 2, 8, 128}, "quant-k2v2", true, 1, 0},   // protected boundary layer: fp16 through the same skeleton
+  };
+  uint64_t seed = 9200;
+  bool center = false;
+  for (const Case& c : cases) {
+    center = !center;  // alternate centring on and off
+    Config cfg = config(c.preset, 4, 8, c.pre_rope, center, 16);
+    cfg.protect_boundary = c.protect;
+    const std::vector<int> lengths = {3, 40, 129, 500};
+    const PagedSetup s = make_setup(c.shape, cfg, lengths, seed++, c.layer);
+    const auto q = random_queries(4, c.shape, seed++, DType::kF32);
+    const auto ref = cpu_attention(s, c.layer, q);
+    const auto got = gpu_attention(s, q, DType::kF32, DType::kF32, 128);
+    const double err = worst_row_error(got, ref, c.shape.head_dim);
+    std::printf("d %3d H %d Hq %2d %-10s pre_rope %d: worst row error %.2e\n", c.shape.head_dim, c.shape.n_kv_heads,
+                c.shape.n_q_heads, c.preset, c.pre_rope, err);
+    EXPECT_LT(err, kAttentionTolF32) << c.preset << " d " << c.shape.head_dim;
+  }
+}
+
+TEST(GpuDecodeAttention, MixedCodecsPerLayer) {
+  const ModelShape shape{2, 2, 8, 128};
+  Config cfg = config("quant-k2v2", 0, 1);
+  cfg.layer_rates = {{quant::Codec::kFp16, quant::Codec::kE8P}, {quant::Codec::kRvq4, quant::Codec::kFp16}};
+  uint64_t seed = 9300;
+  for (int layer : {0, 1}) {
+    const PagedSetup s = make_setup(shape, cfg, {7, 200}, seed++, layer);
+    const auto q = random_queries(2, shape, seed++, DType::kF32);
+    const double err = worst_row_error(gpu_attention(s, q, DType::kF32, DType::kF32, 64), cpu_attention(s, layer, q), 128);
+    EXPECT_LT(err, kAttentionTolF32) << "layer " << layer;
+  }
+}
+
+TEST(GpuDecodeAttention, QueryAndOutputDtypes) {
+  const ModelShape shape{1, 2, 8, 128};
+  const PagedSetup s = make_setup(shape, config("quant-k3v2", 8, 16), {100, 333}, 9400, 0);
+  for (DType qt : {DType::kF32, DType::kF16, DType::kBF16})
+    for (DType ot : {DType::kF32, DType::kF16, DType::kBF16}) {
+      const auto q = random_queries(2, shape, 9401, qt);
+      const double err = worst_row_error(gpu_attention(s, q, qt, ot, 0), cpu_attention(s, 0, q), 128);
+      EXPECT_LT(err, tolerance_for(ot)) << "q " << to_string(qt) << " out " << to_string(ot);
+    }
+}
+
+TEST(GpuDecodeAttention, LongContext128K) {
+  // Keys/values are encoded on the GPU (byte identity is paged_encode_test's job), brought back
+  // into a CompressedKV with from_paged, and attended on the CPU.
+  const ModelShape shape{1, 2, 8, 128};
+  Config cfg = config("quant-k2v2", 0, 1);  // centred: the encoder subtracts the means below
+  KVCompressor compressor(shape, cfg);
+  const int n = 131072 + 5;
+  const int H = 2, d = 128;
+  std::mt19937_64 rng(9500);
+  std::normal_distribution<float> g(0.f, 1.f);
+  std::vector<float> k(static_cast<size_t>(n) * H * d), v(k.size());
+  for (size_t i = 0; i < k.size(); ++i) {
+    k[i] = g(rng) * ((i % d) < 4 ? 4.f : 1.f);
+    v[i] = g(rng);
+  }
+  SequenceKV empty;
+  empty.layers.push_back({TensorView::nhd(nullptr, DType::kF32, 0, H, d), TensorView::nhd(nullptr, DType::kF32, 0, H, d)});
+  CompressedKV cache = compressor.compress(empty);  // no tokens yet; the compressor's codecs
+  const CacheCodecs& codecs = cache.codecs();
+  const PagedLayout L = paged_layout_for(codecs, 0, 16);
+  const PagedBlockTable table = make_block_table({n}, 16, 77, 0);
+  std::vector<int32_t> positions(static_cast<size_t>(n));
+  std::vector<int64_t> slots(static_cast<size_t>(n));
+  for (int t = 0; t < n; ++t) {
+    positions[static_cast<size_t>(t)] = t;
+    slots[static_cast<size_t>(t)] = table.slot(0, t);
+  }
+  DeviceCodecTables tables(codecs, 0);
+  PagedLayer paged;
+  paged.layout = L;
+  paged.table = table;
+  paged.window_lens = {0};
+  paged.window_pinned = {0};
+  paged.window_positions.clear();
+  paged.means.resize(static_cast<size_t>(H) * 2 * d);
+  for (size_t i = 0; i < paged.means.size(); ++i) paged.means[i] = float_to_fp16_bits(0.5f * g(rng) + ((i % d) < 4 ? 3.f : 0.f));
+  {
+    DeviceBuffer<uint8_t> pool(static_cast<size_t>(table.n_pages) * L.page_bytes), dk, dv;
+    pool.fill_bytes(0);
+    dk.upload(pack_as(k, DType::kF16));
+    dv.upload(pack_as(v, DType::kF16));
+    DeviceBuffer<int32_t> dpos, dseq;
+    DeviceBuffer<int64_t> dslots;
+    DeviceBuffer<uint16_t> dmeans;
+    dpos.upload(positions);
+    dslots.upload(slots);
+    dseq.upload(std::vector<int32_t>(static_cast<size_t>(n), 0));
+    dmeans.upload(paged.means);
+    cuda::EncodeParams p;
+    p.codec = tables.params;
+    p.layout = L;
+    p.pool = pool.get();
+    p.n_tokens = n;
+    p.keys = dk.get();
+    p.values = dv.get();
+    p.dtype = DType::kF16;
+    p.token_stride = H * d;
+    p.head_stride = d;
+    p.positions = dpos.get();
+    p.slot_mapping = dslots.get();
+    p.means = dmeans.get();
+    p.token_seq = dseq.get();
+    E8KV_STATUS_OK(cuda::paged_encode(p, nullptr));
+    E8KV_CUDA_OK(cudaDeviceSynchronize());
+    paged.pool = pool.download();
+  }
+  from_paged(paged, 0, {&cache});
+  ASSERT_EQ(cache.coded_tokens(0), n);
+  ASSERT_EQ(cache.layer(0).heads[1].key_mean.size(), static_cast<size_t>(d));
+  PagedSetup s;
+  s.ref.shape = shape;
+  s.ref.caches.push_back(std::move(cache));
+  s.paged = std::move(paged);
+  s.dev = std::make_unique<DevicePagedLayer>(s.paged);
+  s.tables = std::make_unique<DeviceCodecTables>(s.ref.caches[0].codecs(), 0);
+  const auto q = random_queries(1, shape, 9501, DType::kF32);
+  const auto ref = cpu_attention(s, 0, q);
+  for (int split : {0, 4096}) {
+    const double err = worst_row_error(gpu_attention(s, q, DType::kF32, DType::kF32, split), ref, d);
+    std::printf("128K + 5 tokens, split %d: worst row error %.2e\n", split, err);
+    EXPECT_LT(err, kAttentionTolF32 * 5);  // 128K-term fp32 sums on the CPU side
+  }
+}
+
+TEST(GpuDecodeAttention, CapturedInACudaGraphGivesTheSameOutput) {
+  const ModelShape shape{1, 2, 8, 128};
+  const PagedSetup s = make_setup(shape, config("quant-k2v2", 8, 16), {50, 700}, 9600, 0);
+  const auto q = random_queries(2, shape, 9601, DType::kF16);
+  const auto direct = gpu_attention(s, q, DType::kF16, DType::kF32, 0);
+  DeviceBuffer<uint8_t> dq, dout(q.size() * 4);
+  dq.upload(pack_as(q, DType::kF16));
+  dout.fill_bytes(0xFF);
+  cuda::DecodeAttentionParams p = attention_params(s, dq.get(), DType::kF16, dout.get(), DType::kF32, 0);
+  size_t ws_bytes = 0;
+  E8KV_STATUS_OK(cuda::decode_attention_workspace_bytes(p, &ws_bytes));
+  DeviceBuffer<uint8_t> ws(ws_bytes);
+  cudaStream_t stream;
+  E8KV_CUDA_OK(cudaStreamCreate(&stream));
+  cudaGraph_t graph;
+  E8KV_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  const Status st = cuda::paged_decode_attention(p, ws.get(), ws_bytes, stream);
+  E8KV_CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  ASSERT_EQ(st, Status::kSuccess);
+  cudaGraphExec_t exec;
+  E8KV_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int i = 0; i < 3; ++i) E8KV_CUDA_OK(cudaGraphLaunch(exec, stream));
+  E8KV_CUDA_OK(cudaStreamSynchronize(stream));
+  const auto got = download_as_float(dout, DType::kF32, q.size());
+  EXPECT_EQ(got, direct);  // deterministic: no atomics, same split plan
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+TEST(GpuDecodeAttention, BadArgumentsFailLoudly) {
+  const ModelShape shape{1, 2, 8, 128};
+  const PagedSetup s = make_setup(shape, config("quant-k2v2", 0, 1), {20}, 9700, 0);
+  DeviceBuffer<float> dq(8 * 128), dout(8 * 128);
+  cuda::DecodeAttentionParams p = attention_params(s, dq.get(), DType::kF32, dout.get(), DType::kF32, 0);
+  size_t ws_bytes = 0;
+  E8KV_STATUS_OK(cuda::decode_attention_workspace_bytes(p, &ws_bytes));
+  DeviceBuffer<uint8_t> ws(ws_bytes);
+  EXPECT_EQ(cuda::paged_decode_attention(p, ws.get(), ws_bytes - 1, nullptr), Status::kInvalidArgument);
+  EXPECT_EQ(cuda::paged_decode_attention(p, nullptr, ws_bytes, nullptr), Status::kInvalidArgument);
+  cuda::DecodeAttentionParams q = p;
+  q.q_heads = 7;
+  EXPECT_EQ(cuda::paged_decode_attention(q, ws.get(), ws_bytes, nullptr), Status::kInvalidArgument);
+  q = p;
+  q.codec.head_dim = 80;
+  EXPECT_EQ(cuda::paged_decode_attention(q, ws.get(), ws_bytes, nullptr), Status::kUnsupportedHeadDim);
+  q = p;
+  q.codec.value_codec = quant::Codec::kVoronoi2;
+  EXPECT_EQ(cuda::paged_decode_attention(q, ws.get(), ws_bytes, nullptr), Status::kUnsupportedBits);
+  q = p;
+  q.out_dtype = static_cast<DType>(9);
+  EXPECT_EQ(cuda::paged_decode_attention(q, ws.get(), ws_bytes, nullptr), Status::kUnsupportedDtype);
+  q = p;
+  q.cache.batch = 0;
+  EXPECT_EQ(cuda::paged_decode_attention(q, nullptr, 0, nullptr), Status::kSuccess);
+  E8KV_CUDA_OK(cudaDeviceSynchronize());
+}
+
+// ---- dequantize --------------------------------------------------------------------------------
+
+int ulps_apart(float a, float b, DType t) {
+  const int x = to_bits(a, t), y = to_bits(b, t);
+  const int sx = x & 0x8000 ? -(x & 0x7FFF) : x, sy = y & 0x8000 ? -(y & 0x7FFF) : y;
+  return std::abs(sx - sy);
+}
+
+TEST(GpuDequantize, MatchesDecompressHeadWithinOneUlp) {
+  struct Case {
+    ModelShape shape;
+    const char* preset;
+    bool pre_rope;
+    DType out;
+  };
+  const Case cases[] = {{{1, 2, 8, 128}, "quant-k2v2", true, DType::kF16},
+                        {{1, 2, 8, 128}, "quant-k3v2", false, DType::kBF16},
+                        {{1, 3, 6, 64}, "quant-k4v2", true, DType::kF16},
+                        {{1, 2, 4, 256}, "quant-k3v2", true, DType::kBF16},
+                        {{1, 2, 8, 64}, "lossless", true, DType::kF16}};
+  uint64_t seed = 9800;
+  for (const Case& c : cases) {
+    const std::vector<int> lengths = {0, 1, 17, 300};
+    const PagedSetup s = make_setup(c.shape, config(c.preset, 0, 1, c.pre_rope), lengths, seed++, 0);
+    const int H = c.shape.n_kv_heads, d = c.shape.head_dim;
+    // Output rows with a gap of 3 tokens between sequences: gaps must stay poisoned.
+    std::vector<int64_t> indptr;
+    int64_t rows = 0;
+    for (int n : lengths) {
+      indptr.push_back(rows);
+      rows += n + 3;
+    }
+    DeviceBuffer<int64_t> dindptr;
+    dindptr.upload(indptr);
+    const size_t elems = static_cast<size_t>(rows) * H * d;
+    DeviceBuffer<uint16_t> kout(elems), vout(elems);
+    kout.fill_bytes(0xFF);
+    vout.fill_bytes(0xFF);
+    cuda::DequantizeParams p;
+    p.codec = s.tables->params;
+    p.cache = s.dev->view;
+    p.keys_out = kout.get();
+    p.values_out = vout.get();
+    p.out_dtype = c.out;
+    p.out_indptr = dindptr.get();
+    p.out_token_stride = static_cast<int64_t>(H) * d;
+    p.out_head_stride = d;
+    E8KV_STATUS_OK(cuda::paged_dequantize(p, nullptr));
+    E8KV_CUDA_OK(cudaDeviceSynchronize());
+    const auto kg = kout.download(), vg = vout.download();
+    int worst = 0;
+    size_t gap_untouched = 0, gap_total = 0;
+    for (size_t b = 0; b < lengths.size(); ++b) {
+      for (int h = 0; h < H; ++h) {
+        // decompress_head orders every stored token (pinned sinks included) by position.
+        const CompactHead ch = s.ref.caches[b].decompress_head(0, h);
+        const auto& coded_positions = s.ref.caches[b].positions(0, h);
+        for (size_t t = 0; t < coded_positions.size(); ++t) {
+          const size_t at = static_cast<size_t>(
+              std::find(ch.positions.begin(), ch.positions.end(), coded_positions[t]) - ch.positions.begin());
+          ASSERT_LT(at, ch.positions.size());
+          for (int i = 0; i < d; ++i) {
+            const size_t o = ((indptr[b] + static_cast<int64_t>(t)) * H + h) * d + i;
+            worst = std::max({worst, ulps_apart(from_bits(kg[o], c.out), ch.keys[at * d + i], c.out),
+                              ulps_apart(from_bits(vg[o], c.out), ch.values[at * d + i], c.out)});
+          }
+        }
+      }
+      for (int64_t t = lengths[b]; t < lengths[b] + 3; ++t)
+        for (int i = 0; i < H * d; ++i) {
+          const size_t o = (indptr[b] + t) * H * d + i;
+          gap_total += 2;
+          gap_untouched += (kg[o] == 0xFFFF) + (vg[o] == 0xFFFF);
+        }
+    }
+    std::printf("dequantize d %d %s %s: worst %d ulp\n", d, c.preset, to_string(c.out), worst);
+    EXPECT_LE(worst, kDequantizeMaxUlps) << c.preset << " d " << d;
+    EXPECT_EQ(gap_untouched, gap_total) << "rows outside the sequences were written";
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return e8kv_gpu_test_main(argc, argv); }

@@ -1,0 +1,306 @@
+// paged_encode against the CPU reference: every byte of the page pool (codes, gains, positions,
+// and the untouched poison everywhere else) must equal what CacheCodecs' shared functions write,
+// for random and adversarial inputs, all kernel codecs, head dims, dtypes and input layouts.
+// Skips (exit 77) without a device.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "e8kv/quant/kv_vector_codec.hpp"
+#include "cuda/gpu_test_main.hpp"
+#include "cuda/paged_gpu_util.hpp"
+
+namespace {
+using namespace e8kv;
+using namespace e8kv::gputest;
+using transform::RopeLayout;
+
+constexpr uint8_t kPoison = 0xA5;
+
+struct EncodeCase {
+  int head_dim;
+  quant::Codec key, value;
+  bool pre_rope;
+  RopeLayout rope_layout;
+  int rotary_dim;
+  DType dtype;
+  bool hnd;
+  bool per_head_positions;
+  quant::GainPolicy key_gain, value_gain;
+  float key_scale;
+  bool center;
+};
+
+CacheLayout layout_for(const EncodeCase& c, int kv_heads) {
+  CacheLayout L;
+  L.n_layers = 1;
+  L.n_kv_heads = kv_heads;
+  L.n_q_heads = kv_heads;
+  L.head_dim = c.head_dim;
+  L.key_codec = {c.key};
+  L.value_codec = {c.value};
+  L.key_gain = c.key_gain;
+  L.value_gain = c.value_gain;
+  L.key_scale = c.key_scale;
+  L.keys_pre_rope = c.pre_rope;
+  L.rope.layout = c.rope_layout;
+  L.rope.rotary_dim = c.rotary_dim;
+  L.per_head_positions = c.per_head_positions;
+  L.center = c.center;
+  L.rotation_seed = 0xE8E8 + c.head_dim;
+  return L;
+}
+
+// The CPU reference for one vector: the shared functions CacheCodecs calls (without its
+// non-finite rejection, so adversarial rows have a reference too).
+void reference_encode(const CacheCodecs& codecs, int kind, int h, const float* x, int32_t pos, uint8_t* codes,
+                      uint16_t* gain) {
+  const quant::Codec c = kind == 0 ? codecs.layout().key_codec[0] : codecs.layout().value_codec[0];
+  const int d = codecs.layout().head_dim;
+  if (c == quant::Codec::kFp16) {
+    for (int i = 0; i < d; ++i) {
+      const uint16_t b = float_to_fp16_bits(x[i]);
+      std::memcpy(codes + 2 * i, &b, 2);
+    }
+    *gain = 0;
+    return;
+  }
+  const quant::VectorCodecArgs args = codecs.codec_args(0, h, kind);
+  quant::dispatch_block_code(c, [&](auto code) {
+    using Code = decltype(code);
+    return kind == 0 ? quant::encode_key_vector<Code>(x, args, codecs.key_rope_view(), pos, codes, gain)
+                     : quant::encode_value_vector<Code>(x, args, codes, gain);
+  });
+}
+
+// Keys/values with outliers and norm spread, plus adversarial rows when `adversarial`.
+std::vector<float> make_inputs(std::mt19937_64& rng, int n, int H, int d, bool adversarial) {
+  std::normal_distribution<float> g(0.f, 1.f);
+  std::vector<float> x(static_cast<size_t>(n) * H * d);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = g(rng) * ((i % d) == 3 ? 9.f : 1.f);
+  if (!adversarial) return x;
+  const float specials[] = {0.f, 65504.f, -65504.f, 6e-8f, 0.5f, -1.5f, 1e-3f};
+  for (int t = 0; t < n; ++t)
+    for (int h = 0; h < H; ++h) {
+      float* v = &x[(static_cast<size_t>(t) * H + h) * d];
+      switch (t % 9) {
+        case 0: for (int i = 0; i < d; ++i) v[i] = 0.f; break;                              // all zero
+        case 1: for (int i = 0; i < d; ++i) v[i] = i == t % d ? 1000.f : 0.f; break;        // one spike
+        case 2: for (int i = 0; i < d; ++i) v[i] = specials[(i + t) % 7]; break;            // extremes
+        case 3: for (int i = 0; i < d; ++i) v[i] = 0.5f * static_cast<float>((i % 5) - 2); break;  // lattice-like
+        case 4: for (int i = 0; i < d; ++i) v[i] = 1.f; break;                              // constant
+        case 5: v[t % d] = std::numeric_limits<float>::quiet_NaN(); break;                  // NaN
+        case 6: v[(t + 1) % d] = std::numeric_limits<float>::infinity(); break;             // Inf
+        default: break;
+      }
+    }
+  return x;
+}
+
+void run_encode_case(const EncodeCase& c, bool adversarial, uint64_t seed) {
+  SCOPED_TRACE("d " + std::to_string(c.head_dim) + " key " + quant::to_string(c.key) + " value " +
+               quant::to_string(c.value) + " pre_rope " + std::to_string(c.pre_rope) + " center " +
+               std::to_string(c.center) + " dtype " + to_string(c.dtype) +
+               (c.hnd ? " HND" : " NHD") + (adversarial ? " adversarial" : ""));
+  std::printf("[seed] %llu\n", static_cast<unsigned long long>(seed));
+  std::mt19937_64 rng(seed);
+  const int H = 3, d = c.head_dim, P = 16;
+  const CacheCodecs codecs(layout_for(c, H));
+  const std::vector<int32_t> prior = {0, 5, 33}, fresh = {1, 20, 47};
+  std::vector<int32_t> capacity;
+  int n = 0;
+  for (size_t b = 0; b < prior.size(); ++b) {
+    capacity.push_back(prior[b] + fresh[b]);
+    n += fresh[b];
+  }
+  const PagedBlockTable table = make_block_table(capacity, P, seed, 2);
+  const PagedLayout L = paged_layout_for(codecs, 0, P);
+  std::vector<uint8_t> expect(static_cast<size_t>(table.n_pages) * L.page_bytes, kPoison);
+
+  // Inputs in the engine's dtype and layout; the reference sees the same rounded values.
+  const std::vector<float> k = round_as(make_inputs(rng, n, H, d, adversarial), c.dtype);
+  const std::vector<float> v = round_as(make_inputs(rng, n, H, d, adversarial), c.dtype);
+  auto to_layout = [&](const std::vector<float>& nhd) {
+    if (!c.hnd) return nhd;
+    std::vector<float> out(nhd.size());
+    for (int t = 0; t < n; ++t)
+      for (int h = 0; h < H; ++h)
+        for (int i = 0; i < d; ++i) out[(static_cast<size_t>(h) * n + t) * d + i] = nhd[(static_cast<size_t>(t) * H + h) * d + i];
+    return out;
+  };
+  std::vector<int32_t> positions;
+  std::vector<int64_t> slots;
+  for (size_t b = 0; b < prior.size(); ++b)
+    for (int i = 0; i < fresh[b]; ++i) {
+      positions.push_back(static_cast<int32_t>(b == 2 ? (1 << 20) + 3 * (prior[b] + i) : 1000 * b + prior[b] + i));
+      slots.push_back(table.slot(static_cast<int>(b), prior[b] + i));
+    }
+  slots[7] = -1;  // a skipped token (padding): its slot must stay poisoned
+  std::vector<int32_t> token_seq;
+  for (size_t b = 0; b < prior.size(); ++b) token_seq.insert(token_seq.end(), fresh[b], static_cast<int32_t>(b));
+  // Centring means per (sequence, head, kind), as CompressedKV::flush subtracts them.
+  std::vector<uint16_t> means;
+  if (c.center) {
+    std::normal_distribution<float> g(0.f, 1.f);
+    means.resize(prior.size() * H * 2 * d);
+    for (auto& m : means) m = float_to_fp16_bits(adversarial ? 0.f : 2.f * g(rng));
+  }
+  // x − μ in the engine's frame: keys get μ rotated to their position (pre-RoPE keys).
+  auto centre = [&](const float* x, int kind, int b, int h, int32_t pos, std::vector<float>& out) {
+    out.assign(x, x + d);
+    const quant::Codec codec = kind == 0 ? c.key : c.value;
+    if (!c.center || codec == quant::Codec::kFp16) return;
+    std::vector<float> mu(static_cast<size_t>(d));
+    for (int i = 0; i < d; ++i) mu[static_cast<size_t>(i)] = fp16_bits_to_float(means[((static_cast<size_t>(b) * H + h) * 2 + kind) * d + i]);
+    if (kind == 0 && c.pre_rope) quant::rope_table_rotate(mu.data(), codecs.key_rope_view(), pos, false);
+    for (int i = 0; i < d; ++i) out[static_cast<size_t>(i)] -= mu[static_cast<size_t>(i)];
+  };
+
+  for (int j = 0; j < n; ++j) {
+    if (slots[static_cast<size_t>(j)] < 0) continue;
+    uint8_t* page = expect.data() + slots[static_cast<size_t>(j)] / P * L.page_bytes;
+    const int s = static_cast<int>(slots[static_cast<size_t>(j)] % P);
+    for (int h = 0; h < H; ++h) {
+      const size_t off = (static_cast<size_t>(j) * H + h) * d;
+      const int32_t pos = positions[static_cast<size_t>(j)];
+      const int b = token_seq[static_cast<size_t>(j)];
+      uint16_t gk = 0, gv = 0;
+      std::vector<float> kc, vc;
+      centre(&k[off], 0, b, h, pos, kc);
+      centre(&v[off], 1, b, h, pos, vc);
+      reference_encode(codecs, 0, h, kc.data(), pos, page + L.key_code_offset(h, s), &gk);
+      reference_encode(codecs, 1, h, vc.data(), pos, page + L.value_code_offset(h, s), &gv);
+      if (L.key_gain_bytes) std::memcpy(page + L.key_gain_offset(h, s), &gk, 2);
+      if (L.value_gain_bytes) std::memcpy(page + L.value_gain_offset(h, s), &gv, 2);
+      if (h < L.position_sets) std::memcpy(page + L.position_offset(h, s), &positions[static_cast<size_t>(j)], 4);
+    }
+  }
+
+  DeviceBuffer<uint8_t> pool(expect.size()), dk, dv;
+  pool.fill_bytes(kPoison);
+  dk.upload(pack_as(to_layout(k), c.dtype));
+  dv.upload(pack_as(to_layout(v), c.dtype));
+  DeviceBuffer<int32_t> dpos, dseq;
+  DeviceBuffer<int64_t> dslots;
+  DeviceBuffer<uint16_t> dmeans;
+  dpos.upload(positions);
+  dslots.upload(slots);
+  dseq.upload(token_seq);
+  if (c.center) dmeans.upload(means);
+  DeviceCodecTables tables(codecs, 0);
+  cuda::EncodeParams p;
+  p.codec = tables.params;
+  p.layout = L;
+  p.pool = pool.get();
+  p.n_tokens = n;
+  p.keys = dk.get();
+  p.values = dv.get();
+  p.dtype = c.dtype;
+  p.token_stride = c.hnd ? d : static_cast<int64_t>(H) * d;
+  p.head_stride = c.hnd ? static_cast<int64_t>(n) * d : d;
+  p.positions = dpos.get();
+  p.slot_mapping = dslots.get();
+  if (c.center) {
+    p.means = dmeans.get();
+    p.token_seq = dseq.get();
+  }
+  E8KV_STATUS_OK(cuda::paged_encode(p, nullptr));
+  E8KV_CUDA_OK(cudaDeviceSynchronize());
+  const std::vector<uint8_t> got = pool.download();
+  ASSERT_EQ(got.size(), expect.size());
+  size_t mismatches = 0, first = 0;
+  for (size_t i = 0; i < got.size(); ++i)
+    if (got[i] != expect[i] && mismatches++ == 0) first = i;
+  EXPECT_EQ(mismatches, 0u) << "first mismatch at pool byte " << first << " (page " << first / L.page_bytes
+                            << ", offset " << first % L.page_bytes << ")";
+}
+
+const EncodeCase kCases[] = {
+    {128, quant::Codec::kE8P, quant::Codec::kE8P, true, RopeLayout::kSplitHalf, 0, DType::kF16, false, false,
+     quant::GainPolicy::kNormPreserving, quant::GainPolicy::kNormPreserving, 1.f, true},
+    {128, quant::Codec::kRvq3, quant::Codec::kE8P, true, RopeLayout::kSplitHalf, 0, DType::kBF16, true, false,
+     quant::GainPolicy::kNormPreserving, quant::GainPolicy::kLeastSquares, 1.f, false},
+    {64, quant::Codec::kRvq4, quant::Codec::kRvq3, false, RopeLayout::kSplitHalf, 0, DType::kF32, false, false,
+     quant::GainPolicy::kUnbiasedInnerProduct, quant::GainPolicy::kLeastSquares, 1.1f, true},
+    {256, quant::Codec::kE8P, quant::Codec::kRvq4, true, RopeLayout::kInterleaved, 96, DType::kF16, false, false,
+     quant::GainPolicy::kNormPreserving, quant::GainPolicy::kNormPreserving, 0.9f, true},
+    {128, quant::Codec::kFp16, quant::Codec::kE8P, true, RopeLayout::kSplitHalf, 0, DType::kF16, false, false,
+     quant::GainPolicy::kNormPreserving, quant::GainPolicy::kNormPreserving, 1.f, false},
+    {128, quant::Codec::kE8P, quant::Codec::kFp16, true, RopeLayout::kSplitHalf, 64, DType::kBF16, false, true,
+     quant::GainPolicy::kNormPreserving, quant::GainPolicy::kNormPreserving, 1.f, true},
+    {64, quant::Codec::kFp16, quant::Codec::kFp16, false, RopeLayout::kSplitHalf, 0, DType::kF16, true, false,
+     quant::GainPolicy::kNormPreserving, quant::GainPolicy::kNormPreserving, 1.f, false},
+    {64, quant::Codec::kRvq3, quant::Codec::kRvq4, true, RopeLayout::kInterleaved, 0, DType::kF16, false, true,
+     quant::GainPolicy::kLeastSquares, quant::GainPolicy::kUnbiasedInnerProduct, 1.f, true},
+};
+
+TEST(GpuPagedEncode, CodesAreByteIdenticalToTheCpuReference) {
+  uint64_t seed = 8100;
+  for (const EncodeCase& c : kCases) run_encode_case(c, false, seed++);
+}
+
+TEST(GpuPagedEncode, AdversarialInputsAreByteIdenticalToo) {
+  uint64_t seed = 8200;
+  for (const EncodeCase& c : kCases) run_encode_case(c, true, seed++);
+}
+
+TEST(GpuPagedEncode, UnsupportedCombinationsFailLoudly) {
+  EncodeCase c = kCases[0];
+  const CacheCodecs codecs(layout_for(c, 2));
+  DeviceCodecTables tables(codecs, 0);
+  const PagedLayout L = paged_layout_for(codecs, 0, 16);
+  DeviceBuffer<uint8_t> pool(static_cast<size_t>(L.page_bytes));
+  DeviceBuffer<uint16_t> x(2 * 128);
+  DeviceBuffer<int32_t> pos(1);
+  DeviceBuffer<int64_t> slot(1);
+  pos.fill_bytes(0);
+  slot.fill_bytes(0);
+  cuda::EncodeParams p;
+  p.codec = tables.params;
+  p.layout = L;
+  p.pool = pool.get();
+  p.n_tokens = 1;
+  p.keys = x.get();
+  p.values = x.get();
+  p.dtype = DType::kF16;
+  p.token_stride = 256;
+  p.head_stride = 128;
+  p.positions = pos.get();
+  p.slot_mapping = slot.get();
+  EXPECT_EQ(cuda::paged_encode(p, nullptr), Status::kSuccess);
+  cuda::EncodeParams q = p;
+  q.codec.head_dim = 96;
+  EXPECT_EQ(cuda::paged_encode(q, nullptr), Status::kUnsupportedHeadDim);
+  q = p;
+  q.codec.key_codec = quant::Codec::kBall3;
+  EXPECT_EQ(cuda::paged_encode(q, nullptr), Status::kUnsupportedBits);
+  q = p;
+  q.dtype = static_cast<DType>(7);
+  EXPECT_EQ(cuda::paged_encode(q, nullptr), Status::kUnsupportedDtype);
+  q = p;
+  q.codec.rotary_dim = 24;  // split-half pairs need rotary_dim % 16 == 0
+  EXPECT_EQ(cuda::paged_encode(q, nullptr), Status::kInvalidArgument);
+  q = p;
+  q.layout.page_bytes += 16;  // not the layout of this codec
+  EXPECT_EQ(cuda::paged_encode(q, nullptr), Status::kInvalidArgument);
+  q = p;
+  q.codec.sign_bits = nullptr;
+  EXPECT_EQ(cuda::paged_encode(q, nullptr), Status::kInvalidArgument);
+  q = p;
+  q.means = x.get();
+  q.token_seq = nullptr;  // means without token_seq
+  EXPECT_EQ(cuda::paged_encode(q, nullptr), Status::kInvalidArgument);
+  q = p;
+  q.n_tokens = 0;
+  q.keys = nullptr;
+  EXPECT_EQ(cuda::paged_encode(q, nullptr), Status::kSuccess);  // nothing to do
+  E8KV_CUDA_OK(cudaDeviceSynchronize());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return e8kv_gpu_test_main(argc, argv); }
