@@ -13,6 +13,7 @@
 #include <memory>
 #include <vector>
 
+#include "e8kv/attention/attend.hpp"
 #include "e8kv/entropy/container.hpp"
 #include "e8kv/error.hpp"
 
@@ -89,7 +90,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (attendable) {
       const auto& L = cache.layout();
       std::vector<float> q(static_cast<size_t>(L.n_q_heads) * static_cast<size_t>(L.head_dim), 0.5f), out(q.size());
-      cache.attend(0, q.data(), std::numeric_limits<int32_t>::max(), out.data());
+      e8kv::attend(cache, 0, q.data(), out.data());
     }
   } catch (const e8kv::Error&) {
   }

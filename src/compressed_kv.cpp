@@ -8,7 +8,6 @@
 #include <limits>
 #include <string>
 
-#include "e8kv/cache/attend_cpu.hpp"
 #include "e8kv/error.hpp"
 #include "e8kv/numeric/dot.hpp"
 #include "e8kv/numeric/half.hpp"
@@ -20,6 +19,22 @@ namespace e8kv {
 float CacheLayout::effective_softmax_scale() const {
   return softmax_scale > 0.f ? softmax_scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
 }
+
+namespace {
+// The RoPE table's low level (position bits 0-9) as planar rows for attention: 1024 cos rows,
+// then 1024 sin rows, each padded to whole 8-float vectors (padding: cos 1, sin 0).
+std::vector<float> build_planar_rope_low(const std::vector<float>& table, int pairs) {
+  const size_t row = static_cast<size_t>((pairs + 7) / 8 * 8);
+  std::vector<float> out(2 * 1024 * row, 0.f);
+  for (size_t p = 0; p < 1024; ++p)
+    for (size_t i = 0; i < row; ++i) {
+      const bool real = i < static_cast<size_t>(pairs);
+      out[p * row + i] = real ? table[(p * static_cast<size_t>(pairs) + i) * 2] : 1.f;
+      out[(1024 + p) * row + i] = real ? table[(p * static_cast<size_t>(pairs) + i) * 2 + 1] : 0.f;
+    }
+  return out;
+}
+}  // namespace
 
 CacheCodecs::CacheCodecs(CacheLayout layout) : layout_(std::move(layout)) {
   const auto& L = layout_;
@@ -42,7 +57,8 @@ CacheCodecs::CacheCodecs(CacheLayout layout) : layout_(std::move(layout)) {
   const auto& inv = rope_->inv_freq();
   n_pairs_ = static_cast<int>(inv.size());
   rope_tables_ = quant::build_rope_table(inv.data(), n_pairs_);
-  if (layout_.keys_pre_rope) rope_low_planar_ = attend_cpu::build_planar_rope_low(rope_tables_.data(), n_pairs_);
+  if (layout_.key_frame != transform::KeyFrame::kPostRope)
+    rope_low_planar_ = build_planar_rope_low(rope_tables_, n_pairs_);
 }
 
 const transform::RandomizedHadamard& CacheCodecs::rotation(int layer, int head, int kind) const {
@@ -51,7 +67,7 @@ const transform::RandomizedHadamard& CacheCodecs::rotation(int layer, int head, 
 
 quant::RopeTableView CacheCodecs::key_rope_view() const {
   quant::RopeTableView v;
-  if (!layout_.keys_pre_rope) return v;
+  if (layout_.key_frame != transform::KeyFrame::kPreRope) return v;  // RoPE residuals: no RoPE step in the codec
   v.table = rope_tables_.data();
   v.rotary_dim = rope_->rotary_dim();
   v.layout = rope_->params().layout;
@@ -92,7 +108,7 @@ void CacheCodecs::encode_key(int layer, int head, const float* k, int32_t positi
     return;
   }
   require_finite(k, layout_.head_dim, "CacheCodecs::encode_key");
-  if (layout_.keys_pre_rope && position < 0)
+  if (layout_.key_frame == transform::KeyFrame::kPreRope && position < 0)
     throw Error("CacheCodecs::encode_key: position must be >= 0 for pre-RoPE keys, got " + std::to_string(position));
   const quant::VectorCodecArgs args = codec_args(layer, head, 0);
   const quant::RopeTableView rope = key_rope_view();
@@ -130,7 +146,7 @@ void CacheCodecs::decode_key_with_gain(int layer, int head, const uint8_t* codes
     q.decode(codes, 0, k);
     return;
   }
-  if (layout_.keys_pre_rope && position < 0)
+  if (layout_.key_frame == transform::KeyFrame::kPreRope && position < 0)
     throw Error("CacheCodecs::decode_key: position must be >= 0 for pre-RoPE keys, got " + std::to_string(position));
   const quant::VectorCodecArgs args = codec_args(layer, head, 0);
   const quant::RopeTableView rope = key_rope_view();
@@ -163,6 +179,15 @@ void CacheCodecs::apply_rope_fast(float* x, int32_t position) const {
   v.rotary_dim = rope_->rotary_dim();
   v.layout = rope_->params().layout;
   quant::rope_table_rotate(x, v, position, /*inverse=*/false);
+}
+
+void CacheCodecs::remove_rope_fast(float* x, int32_t position) const {
+  if (position < 0) throw Error("RoPE position must be >= 0, got " + std::to_string(position));
+  quant::RopeTableView v;
+  v.table = rope_tables_.data();
+  v.rotary_dim = rope_->rotary_dim();
+  v.layout = rope_->params().layout;
+  quant::rope_table_rotate(x, v, position, /*inverse=*/true);
 }
 
 void CacheCodecs::average_rope_pairs(float* x) const {
@@ -303,7 +328,13 @@ void CompressedKV::flush(int l) {
             k[i] = fp16_bits_to_float(hd.window_keys[static_cast<size_t>(t * d + i)]);
             vm[static_cast<size_t>(i)] += fp16_bits_to_float(hd.window_values[static_cast<size_t>(t * d + i)]);
           }
-          if (L.keys_pre_rope) codecs_->rope().remove(k, wpos[static_cast<size_t>(t)]);
+          // The mean of pre-RoPE keys, with RoPE removed by the same table that later puts it
+          // back at each position (CacheCodecs::apply_rope_fast): one frame throughout.
+          if (L.key_frame != transform::KeyFrame::kPostRope) {
+            if (wpos[static_cast<size_t>(t)] < 0)
+              throw Error("compress: RoPE position must be >= 0, got " + std::to_string(wpos[static_cast<size_t>(t)]));
+            codecs_->remove_rope_fast(k, wpos[static_cast<size_t>(t)]);
+          }
           for (int i = 0; i < d; ++i) km[static_cast<size_t>(i)] += k[i];
         }
         hd.key_mean.clear();
@@ -332,7 +363,7 @@ void CompressedKV::flush(int l) {
         fp16_bits_to_floats(&hd.window_values[w * d], v, static_cast<size_t>(d));
         if (!hd.key_mean.empty()) {
           std::copy(key_mean, key_mean + d, mu);
-          if (L.keys_pre_rope) codecs_->apply_rope_fast(mu, pos);  // = key_mean_at(l, h, pos, mu)
+          if (L.key_frame != transform::KeyFrame::kPostRope) codecs_->apply_rope_fast(mu, pos);  // = key_mean_at
           for (int i = 0; i < d; ++i) k[i] -= mu[i];
         }
         if (k_scaled)
@@ -426,163 +457,7 @@ void CompressedKV::key_mean_at(int l, int h, int32_t position, float* mu) const 
   const auto& L = layout();
   const auto& km = layers_[static_cast<size_t>(l)].heads[static_cast<size_t>(h)].key_mean;
   for (int i = 0; i < L.head_dim; ++i) mu[i] = km.empty() ? 0.f : fp16_bits_to_float(km[static_cast<size_t>(i)]);
-  if (!km.empty() && L.keys_pre_rope) codecs_->apply_rope_fast(mu, position);
-}
-
-namespace {
-
-// Softmax in place over n logits; returns nothing (all -inf gives zeros).
-void softmax_inplace(float* x, int64_t n) {
-  float m = -std::numeric_limits<float>::infinity();
-  for (int64_t i = 0; i < n; ++i) m = std::max(m, x[i]);
-  if (n == 0 || m == -std::numeric_limits<float>::infinity()) {
-    std::fill(x, x + n, 0.f);
-    return;
-  }
-  double s = 0.0;
-  for (int64_t i = 0; i < n; ++i) {
-    x[i] = std::exp(x[i] - m);
-    s += x[i];
-  }
-  const float inv = static_cast<float>(1.0 / s);
-  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
-}
-
-// Rows decoded per batch in attend (for pre-RoPE keys: one inverse-Hadamard batch).
-constexpr int64_t kKeyTile = 16;
-
-}  // namespace
-
-void CompressedKV::attend(int l, const float* q, int32_t position, float* out) const {
-  (void)position;  // every stored token precedes the query; kept for API symmetry with kernels
-  const auto& L = layout();
-  const auto& ld = layer(l);
-  const int H = L.n_kv_heads, G = L.n_q_heads / L.n_kv_heads, d = L.head_dim;
-  const float scale = L.effective_softmax_scale();
-  const auto& kq = codecs_->key_quantizer(l);
-  const auto& vq = codecs_->value_quantizer(l);
-  const bool k_fp16 = kq.codec() == quant::Codec::kFp16, v_fp16 = vq.codec() == quant::Codec::kFp16;
-  const size_t kcb = kq.code_bytes(), vcb = vq.code_bytes();
-  std::vector<float> logits, gains, q_rot(static_cast<size_t>(G * d)), acc_rot(static_cast<size_t>(G * d)),
-      acc(static_cast<size_t>(G * d));
-  std::vector<float> tile(static_cast<size_t>(kKeyTile * d)), window, q_dot_mu(static_cast<size_t>(G));
-  attend_cpu::IncrementalRope rope(codecs_->key_rope_view(), codecs_->key_rope_low_planar());
-  for (int h = 0; h < H; ++h) {
-    const auto& hd = ld.heads[static_cast<size_t>(h)];
-    const auto& pos = positions(l, h);
-    const int64_t nc = static_cast<int64_t>(pos.size());
-    const int64_t nw = window_tokens(l, h);
-    const int64_t n = nc + nw;
-    logits.assign(static_cast<size_t>(G * n), 0.f);
-    gains.resize(static_cast<size_t>(nc));
-    const float* qh = q + static_cast<size_t>(h) * G * d;
-    const bool rotated_dot = !k_fp16 && !L.keys_pre_rope;
-    // Query-weighted keys: stored keys are S·k, so k = S⁻¹·decoded (S commutes with RoPE).
-    const bool k_scaled = !hd.key_channel_scale.empty();
-    float inv_scale[512];
-    for (int i = 0; i < d && k_scaled; ++i) inv_scale[i] = 1.0f / fp16_bits_to_float(hd.key_channel_scale[static_cast<size_t>(i)]);
-    if (rotated_dot)
-      for (int g = 0; g < G; ++g) {
-        float qs[512];  // q·S⁻¹(decoded) = (S⁻¹q)·decoded
-        for (int i = 0; i < d; ++i) qs[i] = k_scaled ? qh[g * d + i] * inv_scale[i] : qh[g * d + i];
-        codecs_->rotation(l, h, 0).forward(qs, &q_rot[static_cast<size_t>(g * d)]);
-      }
-    // Centred keys: k = μ + k̂'. Pre-RoPE: μ is added before RoPE is re-applied; post-RoPE: q·μ is
-    // one extra dot per query head.
-    float kmu[512], vmu[512];
-    const bool k_centred = !hd.key_mean.empty(), v_centred = !hd.value_mean.empty();
-    for (int i = 0; i < d; ++i) {
-      kmu[i] = k_centred ? fp16_bits_to_float(hd.key_mean[static_cast<size_t>(i)]) : 0.f;
-      vmu[i] = v_centred ? fp16_bits_to_float(hd.value_mean[static_cast<size_t>(i)]) : 0.f;
-    }
-    for (int g = 0; g < G; ++g) q_dot_mu[static_cast<size_t>(g)] = k_centred && rotated_dot ? dot_product(qh + g * d, kmu, d) : 0.f;
-    // Keys: coded part. The fp16 codec stores the post-RoPE key itself: rows in the engine's basis.
-    if (k_fp16) {
-      for (int64_t t0 = 0; t0 < nc; t0 += kKeyTile) {
-        const int64_t m = std::min<int64_t>(kKeyTile, nc - t0);
-        for (int64_t k = 0; k < m; ++k)
-          kq.decode(&hd.key_codes[static_cast<size_t>(t0 + k) * kcb], 0, &tile[static_cast<size_t>(k * d)]);
-        attend_cpu::score_rows(qh, nullptr, G, d, scale, tile.data(), t0, m, logits.data(), static_cast<size_t>(n));
-      }
-    } else {
-      const auto key_gain = hd.key_gains_reader();
-      for (int64_t t = 0; t < nc; ++t) gains[static_cast<size_t>(t)] = key_gain(static_cast<size_t>(t));
-      if (L.keys_pre_rope)
-        for (int32_t p : pos)
-          if (p < 0) throw Error("CompressedKV::attend: RoPE position must be >= 0, got " + std::to_string(p));
-      attend_cpu::KeyTileArgs args;
-      args.d = d;
-      args.G = G;
-      args.q = qh;
-      args.inv_scale = k_scaled ? inv_scale : nullptr;
-      args.mean = k_centred ? kmu : nullptr;
-      args.softmax_scale = scale;
-      args.logits = logits.data();
-      args.n = static_cast<size_t>(n);
-      quant::dispatch_block_code(kq.codec(), [&](auto code) {
-        using Code = decltype(code);
-        const auto& rot = codecs_->rotation(l, h, 0);
-        // Decode a tile of keys. Post-RoPE: dot them with the rotated queries. Pre-RoPE: undo the
-        // rotation for the whole tile in one batch, then S⁻¹, the mean, RoPE at each key's
-        // position and the G dot products.
-        for (int64_t t0 = 0; t0 < nc; t0 += kKeyTile) {
-          const int64_t m = std::min<int64_t>(kKeyTile, nc - t0);
-          attend_cpu::decode_rows<Code>(&hd.key_codes[static_cast<size_t>(t0) * kcb], kcb, &gains[static_cast<size_t>(t0)], m,
-                                        d, tile.data());
-          if (rotated_dot) {
-            attend_cpu::score_rows(q_rot.data(), q_dot_mu.data(), G, d, scale, tile.data(), t0, m, logits.data(),
-                                   static_cast<size_t>(n));
-          } else {
-            rot.inverse_batch(tile.data(), tile.data(), static_cast<size_t>(m), static_cast<size_t>(d));
-            attend_cpu::finish_key_tile(args, tile.data(), t0, m, pos.data(), rope);
-          }
-        }
-        return 0;
-      });
-    }
-    // Keys: residual window (fp16, post-RoPE), converted in one batch, then the G dot products.
-    window.resize(static_cast<size_t>(nw * d));
-    if (nw > 0) {
-      fp16_bits_to_floats(hd.window_keys.data(), window.data(), window.size());
-      attend_cpu::score_rows(qh, nullptr, G, d, scale, window.data(), nc, nw, logits.data(), static_cast<size_t>(n));
-    }
-    for (int g = 0; g < G; ++g) softmax_inplace(logits.data() + static_cast<size_t>(g) * n, n);
-    // Values.
-    std::fill(acc_rot.begin(), acc_rot.end(), 0.f);
-    std::fill(acc.begin(), acc.end(), 0.f);
-    if (v_fp16) {
-      for (int64_t t0 = 0; t0 < nc; t0 += kKeyTile) {
-        const int64_t m = std::min<int64_t>(kKeyTile, nc - t0);
-        for (int64_t k = 0; k < m; ++k)
-          vq.decode(&hd.value_codes[static_cast<size_t>(t0 + k) * vcb], 0, &tile[static_cast<size_t>(k * d)]);
-        attend_cpu::accumulate_rows(tile.data(), logits.data(), static_cast<size_t>(n), t0, m, G, d, acc.data());
-      }
-    } else {
-      const auto value_gain = hd.value_gains_reader();
-      for (int64_t t = 0; t < nc; ++t) gains[static_cast<size_t>(t)] = value_gain(static_cast<size_t>(t));
-      quant::dispatch_block_code(vq.codec(), [&](auto code) {
-        attend_cpu::accumulate_values<decltype(code)>(hd.value_codes.data(), vcb, gains.data(), logits.data(),
-                                                      static_cast<size_t>(n), nc, G, d, acc_rot.data());
-        return 0;
-      });
-    }
-    if (nw > 0) {
-      fp16_bits_to_floats(hd.window_values.data(), window.data(), window.size());
-      attend_cpu::accumulate_rows(window.data(), logits.data(), static_cast<size_t>(n), nc, nw, G, d, acc.data());
-    }
-    for (int g = 0; g < G; ++g) {
-      float* o = out + (static_cast<size_t>(h) * G + g) * d;
-      if (!v_fp16 && nc > 0) {
-        codecs_->rotation(l, h, 1).inverse(&acc_rot[static_cast<size_t>(g * d)], o);
-        float coded_mass = 0.f;  // Σ p over coded tokens: weight of the value mean
-        if (v_centred)
-          for (int64_t t = 0; t < nc; ++t) coded_mass += logits[static_cast<size_t>(g * n + t)];
-        for (int i = 0; i < d; ++i) o[i] += acc[static_cast<size_t>(g * d + i)] + coded_mass * vmu[i];
-      } else {
-        for (int i = 0; i < d; ++i) o[i] = acc[static_cast<size_t>(g * d + i)];
-      }
-    }
-  }
+  if (!km.empty() && L.key_frame != transform::KeyFrame::kPostRope) codecs_->apply_rope_fast(mu, position);
 }
 
 CompactHead CompressedKV::decompress_head(int l, int h) const {

@@ -29,7 +29,7 @@ KVCompressor::KVCompressor(const ModelShape& shape, const Config& config) : shap
   L.value_gain = config_.value_gain;
   L.key_scale = config_.key_scale;
   L.value_scale = config_.value_scale;
-  L.keys_pre_rope = config_.keys_pre_rope;
+  L.key_frame = config_.key_frame;
   L.rope = config_.rope;
   L.rope.head_dim = shape.head_dim;
   L.rotation_seed = config_.rotation_seed;
@@ -223,6 +223,18 @@ void KVCompressor::append(CompressedKV& cache, int layer, const float* k, const 
   }
   ld.original_tokens += 1;
   cache.flush(layer);
+}
+
+void KVCompressor::attend(const CompressedKV& cache, int layer, const float* q, int32_t position, float* out) const {
+  require(cache.valid() && cache.layout().n_layers == shape_.n_layers, "attend: the cache does not fit this compressor");
+  const auto& ld = cache.layer(layer);
+  for (size_t s = 0; s < ld.positions.size(); ++s) {
+    const auto& last = ld.window_positions[s].empty() ? ld.positions[s] : ld.window_positions[s];
+    if (!last.empty() && last.back() > position)
+      throw Error("attend: query position " + std::to_string(position) + " precedes stored position " +
+                  std::to_string(last.back()) + " of layer " + std::to_string(layer));
+  }
+  e8kv::attend(cache, layer, q, out);
 }
 
 }  // namespace e8kv

@@ -107,8 +107,10 @@ Config Config::parse(const std::string& spec) {
     else if (key == "pool") c.pool_kernel = to_int(key, v);
     else if (key == "protect") c.protect_boundary = to_int(key, v);
     else if (key == "rope") {
-      require(v == "pre" || v == "post", "config field 'rope': '" + v + "' (accepted: pre, post)");
-      c.keys_pre_rope = v == "pre";
+      if (v == "pre") c.key_frame = KeyFrame::kPreRope;
+      else if (v == "post") c.key_frame = KeyFrame::kPostRope;
+      else if (v == "residual") c.key_frame = KeyFrame::kRopeResidual;
+      else throw Error("config field 'rope': '" + v + "' (accepted: residual, pre, post)");
     } else if (key == "key_gain") c.key_gain = quant::gain_policy_from_string(v);
     else if (key == "value_gain") c.value_gain = quant::gain_policy_from_string(v);
     else if (key == "key_scale") c.key_scale = static_cast<float>(to_double(key, v));
@@ -166,7 +168,7 @@ std::string Config::describe() const {
   s << "key=" << quant::to_string(key_codec) << ",value=" << quant::to_string(value_codec)
     << ",evict=" << eviction_rate << ",sinks=" << sinks << ",recent=" << recent_window
     << ",scorer=" << select::to_string(scorer) << ",window=" << obs_window << ",pool=" << pool_kernel
-    << ",protect=" << protect_boundary << ",rope=" << (keys_pre_rope ? "pre" : "post")
+    << ",protect=" << protect_boundary << ",rope=" << transform::to_string(key_frame)
     << ",key_gain=" << quant::to_string(key_gain) << ",value_gain=" << quant::to_string(value_gain)
     << ",key_scale=" << key_scale << ",value_scale=" << value_scale << ",residual=" << residual_length
     << ",flush=" << flush_block << ",per_head=" << (per_head_selection ? 1 : 0)

@@ -600,7 +600,13 @@ void write_chunk(std::vector<uint8_t>& out, uint32_t dir_index, uint32_t layer, 
 }
 
 // Version 1 unless the cache uses query-weighted keys (version 2 fields).
-uint16_t format_version_for(const CacheLayout& L) { return L.query_weighted_keys || L.gain_bits != 16 ? 2 : 1; }
+// Version 3 adds the RoPE-residual key frame (value 2 of the key-frame byte); version 2 the
+// query-weighting flag, channel scales and gain_bits. A cache is written at the lowest version
+// that can hold it, so older readers still read what they can represent.
+uint16_t format_version_for(const CacheLayout& L) {
+  if (L.key_frame == transform::KeyFrame::kRopeResidual) return 3;
+  return L.query_weighted_keys || L.gain_bits != 16 ? 2 : 1;
+}
 
 void write_prefix(ByteWriter& w, ContainerKind kind, uint64_t chunk_tokens, uint64_t n_chunks, uint16_t version = 1) {
   w.bytes(kMagic.data(), kMagic.size());
@@ -621,7 +627,7 @@ void write_layout(ByteWriter& w, const CacheLayout& L) {
   w.u32(static_cast<uint32_t>(L.head_dim));
   w.u8(static_cast<uint8_t>(L.key_gain));
   w.u8(static_cast<uint8_t>(L.value_gain));
-  w.u8(L.keys_pre_rope ? 1 : 0);
+  w.u8(static_cast<uint8_t>(L.key_frame));  // 0 post, 1 pre; 2 residual (version 3)
   w.u8(L.per_head_positions ? 1 : 0);
   w.u8(L.center ? 1 : 0);
   w.u8(L.query_weighted_keys ? 1 : 0);  // version 2; reserved (0) in version 1
@@ -791,7 +797,7 @@ std::vector<uint8_t> encode_cache(const CompressedKV& cache, const ContainerOpti
         using HD = CompressedKV::HeadData;
         const auto& tf = o.transforms;
         const Transform key_codes = tf.key_codes ? *tf.key_codes
-                                                 : (!L.keys_pre_rope || !L.center ? Transform::kXorDelta : Transform::kNone);
+                                                 : (L.key_frame == transform::KeyFrame::kPostRope || !L.center ? Transform::kXorDelta : Transform::kNone);
         per_head(StreamKind::kKeyCodes, kg.has_gain ? key_codes : tf.fp16, kg.cols, kg.width, true,
                  [](const HD& hd) { return hd.key_codes.data(); });
         per_head(StreamKind::kValueCodes, vg.has_gain ? tf.value_codes : tf.fp16, vg.cols, vg.width, true,
@@ -942,8 +948,9 @@ void read_layout(ByteReader& r, CacheLayout& L, uint16_t version) {
   check(vgain <= 2, "layout value_gain id " + num(vgain) + " is unknown (accepted 0..2)");
   L.key_gain = static_cast<quant::GainPolicy>(kgain);
   L.value_gain = static_cast<quant::GainPolicy>(vgain);
-  const uint8_t pre = r.u8("keys_pre_rope"), per_head = r.u8("per_head_positions"), center = r.u8("center");
-  check(pre <= 1, "layout keys_pre_rope must be 0 or 1, got " + num(pre));
+  const uint8_t pre = r.u8("key_frame"), per_head = r.u8("per_head_positions"), center = r.u8("center");
+  check(pre <= (version >= 3 ? 2 : 1), version >= 3 ? "layout key_frame must be 0 (post), 1 (pre) or 2 (residual), got " + num(pre)
+                                                   : "layout keys_pre_rope must be 0 or 1, got " + num(pre));
   check(per_head <= 1, "layout per_head_positions must be 0 or 1, got " + num(per_head));
   check(center <= 1, "layout center must be 0 or 1, got " + num(center));
   const uint8_t qweight = r.u8(version >= 2 ? "query_weighted_keys" : "reserved");
@@ -957,7 +964,7 @@ void read_layout(ByteReader& r, CacheLayout& L, uint16_t version) {
   check(r.u8("reserved") == 0, "layout reserved bytes must be 0");
   L.query_weighted_keys = qweight == 1;
   L.gain_bits = version >= 2 ? gain_bits : 16;
-  L.keys_pre_rope = pre == 1;
+  L.key_frame = static_cast<transform::KeyFrame>(pre);
   L.per_head_positions = per_head == 1;
   L.center = center == 1;
   L.key_scale = r.f32("key_scale");
@@ -1681,7 +1688,7 @@ std::string layout_difference(const CacheLayout& a, const CacheLayout& b) {
   };
   f32("key_scale", a.key_scale, b.key_scale);
   f32("value_scale", a.value_scale, b.value_scale);
-  first(ints("keys_pre_rope", a.keys_pre_rope, b.keys_pre_rope));
+  first(ints("key_frame", static_cast<int>(a.key_frame), static_cast<int>(b.key_frame)));
   first(ints("rotation_seed", static_cast<int64_t>(a.rotation_seed), static_cast<int64_t>(b.rotation_seed)));
   first(ints("per_head_positions", a.per_head_positions, b.per_head_positions));
   first(ints("residual_length", a.residual_length, b.residual_length));

@@ -10,70 +10,12 @@
 #include "e8kv/compressor.hpp"
 #include "e8kv/numeric/half.hpp"
 #include "testing/synthetic_kv.hpp"
+#include "testing/kv_fixture.hpp"
 #include "testing/test_util.hpp"
 
 namespace {
 using namespace e8kv;
-
-struct Fixture {
-  synth::SyntheticKV data;
-  ModelShape shape;
-  std::vector<LayerQueries> queries;
-  SequenceKV seq;
-
-  explicit Fixture(const synth::SyntheticSpec& spec) : data(synth::make_synthetic_kv(spec)) {
-    shape = {spec.n_layers, spec.n_kv_heads, spec.n_q_heads, spec.head_dim};
-    for (int l = 0; l < spec.n_layers; ++l) {
-      LayerKV kv;
-      kv.keys = TensorView::nhd(data.keys[l].data(), DType::kF32, spec.tokens, spec.n_kv_heads, spec.head_dim);
-      kv.values = TensorView::nhd(data.values[l].data(), DType::kF32, spec.tokens, spec.n_kv_heads, spec.head_dim);
-      seq.layers.push_back(kv);
-      LayerQueries q;
-      q.queries = TensorView::nhd(data.queries[l].data(), DType::kF32, static_cast<int64_t>(data.query_positions.size()),
-                                  spec.n_q_heads, spec.head_dim);
-      q.positions = data.query_positions.data();
-      queries.push_back(q);
-    }
-  }
-  const float* query(int layer, int w) const {
-    return &data.queries[layer][static_cast<size_t>(w) * shape.n_q_heads * shape.head_dim];
-  }
-};
-
-// Dense fp32 attention of one query token over [n, kv_heads, d] K/V, optionally fp16-rounded.
-std::vector<float> dense_attention(const float* q, const std::vector<float>& K, const std::vector<float>& V, int64_t n,
-                                   int H, int Q, int d, std::vector<std::vector<double>>* weights = nullptr) {
-  std::vector<float> out(static_cast<size_t>(Q) * d, 0.f);
-  if (weights) weights->assign(Q, {});
-  const int G = Q / H;
-  for (int qh = 0; qh < Q; ++qh) {
-    const int h = qh / G;
-    std::vector<double> logit(static_cast<size_t>(n));
-    double m = -1e300;
-    for (int64_t t = 0; t < n; ++t) {
-      double s = 0;
-      for (int i = 0; i < d; ++i) s += double(q[qh * d + i]) * K[(t * H + h) * d + i];
-      logit[t] = s / std::sqrt(double(d));
-      m = std::max(m, logit[t]);
-    }
-    double z = 0;
-    for (auto& x : logit) z += (x = std::exp(x - m));
-    for (auto& x : logit) x /= z;
-    for (int64_t t = 0; t < n; ++t)
-      for (int i = 0; i < d; ++i) out[qh * d + i] += static_cast<float>(logit[t] * V[(t * H + h) * d + i]);
-    if (weights) (*weights)[qh] = logit;
-  }
-  return out;
-}
-
-double rel_l2(const std::vector<float>& a, const std::vector<float>& ref) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num += (double(a[i]) - ref[i]) * (double(a[i]) - ref[i]);
-    den += double(ref[i]) * ref[i];
-  }
-  return std::sqrt(num / den);
-}
+using namespace e8kv::testkit;
 
 synth::SyntheticSpec default_spec(uint64_t seed) {
   synth::SyntheticSpec s;
@@ -208,7 +150,7 @@ TEST(Compressor, CentringAndFp16SinksReduceAttentionError) {
 TEST(Compressor, PostRopeStorageAlsoWorks) {
   Fixture f(default_spec(102));
   Config cfg = Config::preset("quant-k3v2");
-  cfg.keys_pre_rope = false;
+  cfg.key_frame = KeyFrame::kPostRope;
   const Errors e = measure(f, cfg);
   // measured (seed 102): rel_l2 0.272, kl 0.0306
   EXPECT_LT(e.out_rel_l2, 0.33);
@@ -353,17 +295,19 @@ TEST(Compressor, AttendMatchesDecompressAcrossRopeTableBoundaries) {
   Fixture f(spec);
   for (int32_t first : {0, 1000, (1 << 20) - 150, (1 << 30) + 5}) {
     for (auto layout : {transform::RopeLayout::kSplitHalf, transform::RopeLayout::kInterleaved}) {
-      for (int rotary : {0, 32}) {
+      for (int rotary : {0, 32})
+       for (KeyFrame frame : {KeyFrame::kPreRope, KeyFrame::kRopeResidual}) {
         Config cfg = Config::preset("quant-k3v2");
         cfg.rope.layout = layout;
         cfg.rope.rotary_dim = rotary;
+        cfg.key_frame = frame;
         KVCompressor c(f.shape, cfg);
         SequenceKV seq = f.seq;
         seq.first_position = first;
         const auto cache = c.compress(seq);
         for (int l = 0; l < spec.n_layers; ++l)
           EXPECT_LT(attend_vs_decompress(c, cache, spec, l, f.query(l, 7), first + spec.tokens), 2e-5)
-              << "first position " << first << " rotary " << rotary;
+              << "first position " << first << " rotary " << rotary << " frame " << transform::to_string(frame);
       }
     }
   }
@@ -377,10 +321,10 @@ TEST(Compressor, QueryWeightedKeys) {
   auto spec = default_spec(108);
   Fixture f(spec);
   for (auto layout : {transform::RopeLayout::kSplitHalf, transform::RopeLayout::kInterleaved}) {
-    for (bool pre : {true, false}) {
+    for (KeyFrame frame : {KeyFrame::kPreRope, KeyFrame::kPostRope, KeyFrame::kRopeResidual}) {
       Config cfg = Config::preset("quant-k3v2");
       cfg.rope.layout = layout;
-      cfg.keys_pre_rope = pre;
+      cfg.key_frame = frame;
       KVCompressor c(f.shape, cfg);
       const auto plain = c.compress(f.seq);
       const auto weighted = c.compress(f.seq, &f.queries);
@@ -396,7 +340,7 @@ TEST(Compressor, QueryWeightedKeys) {
             EXPECT_EQ(s[static_cast<size_t>(a)], s[static_cast<size_t>(b)]) << "pair " << i;
           }
         }
-        EXPECT_LT(attend_vs_decompress(c, weighted, spec, l, f.query(l, 5), spec.tokens), 2e-5) << "pre-RoPE " << pre;
+        EXPECT_LT(attend_vs_decompress(c, weighted, spec, l, f.query(l, 5), spec.tokens), 2e-5) << "key frame " << transform::to_string(frame);
       }
     }
   }

@@ -444,7 +444,7 @@ std::string codecs_string(const CacheLayout& L) {
 void write_golden(const std::string& dir) {
   std::string manifest =
       "# Golden containers written by e8kv-container-bench --write-golden (format version 1).\n"
-      "# name kind digest n_layers n_kv_heads n_q_heads head_dim per_head keys_pre_rope codecs\n";
+      "# name kind digest n_layers n_kv_heads n_q_heads head_dim per_head key_frame codecs\n";
   auto cache_entry = [&](const std::string& name, const synth::SyntheticSpec& s, const Config& cfg, int appended,
                          const entropy::ContainerOptions& o) {
     const Made m = make_kv(s);
@@ -454,7 +454,7 @@ void write_golden(const std::string& dir) {
     const CacheLayout& L = cache.layout();
     manifest += name + " cache " + test::cache_digest(cache) + " " + std::to_string(L.n_layers) + " " +
                 std::to_string(L.n_kv_heads) + " " + std::to_string(L.n_q_heads) + " " + std::to_string(L.head_dim) +
-                " " + (L.per_head_positions ? "1" : "0") + " " + (L.keys_pre_rope ? "1" : "0") + " " +
+                " " + (L.per_head_positions ? "1" : "0") + " " + std::to_string(static_cast<int>(L.key_frame)) + " " +
                 codecs_string(L) + "\n";
     std::printf("%s: %zu bytes (bytes() %zu)\n", name.c_str(), bytes.size(), cache.bytes());
   };

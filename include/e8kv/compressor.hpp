@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "e8kv/attention/attend.hpp"
 #include "e8kv/cache/compressed_kv.hpp"
 #include "e8kv/cache/kv_view.hpp"
 #include "e8kv/config.hpp"
@@ -48,11 +49,11 @@ class KVCompressor {
   /// Appends one token of one layer: k and v are [n_kv_heads * head_dim] post-RoPE.
   void append(CompressedKV& cache, int layer, const float* k, const float* v, int32_t position) const;
 
-  /// Decode attention for one new token: q is [n_q_heads * head_dim] post-RoPE; out receives
-  /// softmax(scale·q·Kᵀ)·V over every token of `layer` in the cache, [n_q_heads * head_dim].
-  void attend(const CompressedKV& cache, int layer, const float* q, int32_t position, float* out) const {
-    cache.attend(layer, q, position, out);
-  }
+  /// Decode attention for one new token at `position`: q is [n_q_heads * head_dim] post-RoPE; out
+  /// receives softmax(scale·q·Kᵀ)·V over every token of `layer` in the cache, [n_q_heads * head_dim]
+  /// (e8kv::attend, attention/attend.hpp, has the lse, batches and threads). Throws e8kv::Error
+  /// when `position` precedes a stored token of the layer (the query would see its future).
+  void attend(const CompressedKV& cache, int layer, const float* q, int32_t position, float* out) const;
 
  private:
   ModelShape shape_;

@@ -14,6 +14,8 @@
 
 namespace e8kv {
 
+using transform::KeyFrame;
+
 struct ModelShape {
   int n_layers = 0;
   int n_kv_heads = 0;
@@ -40,8 +42,9 @@ struct Config {
   std::vector<LayerRate> layer_rates;  ///< empty, or one entry per layer (overrides the two codecs)
   uint64_t rotation_seed = 0x5EED'E8C0'DE00'0001ull;  ///< per (layer, head) signs derive from it
 
-  // Keys: RoPE removed before quantization (re-applied at attention) unless false.
-  bool keys_pre_rope = true;
+  /// The frame keys are coded in (transform::KeyFrame): "residual" (k − R_t·μ), "pre" (RoPE
+  /// removed) or "post".
+  transform::KeyFrame key_frame = transform::KeyFrame::kPreRope;
   transform::RopeParams rope{};
 
   // Eviction.

@@ -1,5 +1,6 @@
 // Paged layout (cache/paged_layout.hpp) and the host conversion CompressedKV <-> pages
 // (cache/paged_kv.hpp): hand-computed offsets, block tables, round trips on ragged batches.
+#include "e8kv/attention/attend.hpp"
 #include "e8kv/cache/paged_kv.hpp"
 
 #include <gtest/gtest.h>
@@ -166,8 +167,8 @@ TEST(PagedKV, RoundTripOfARaggedBatch) {
           if (batch.caches[b].stored_tokens(layer) == 0) continue;
           std::vector<float> o1(256), o2(256);
           const float* q = batch.data[b].queries[layer].data();
-          batch.caches[b].attend(layer, q, 0, o1.data());
-          fresh[b].attend(layer, q, 0, o2.data());
+          e8kv::attend(batch.caches[b], layer, q, o1.data());
+          e8kv::attend(fresh[b], layer, q, o2.data());
           EXPECT_EQ(o1, o2);
         }
       }

@@ -12,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "e8kv/attention/attend.hpp"
 #include "cuda/gpu_test_main.hpp"
 #include "cuda/paged_gpu_util.hpp"
 
@@ -67,7 +68,7 @@ std::vector<float> cpu_attention(const PagedSetup& s, int layer, const std::vect
   const int row = s.ref.shape.n_q_heads * s.ref.shape.head_dim;
   std::vector<float> out(q.size());
   for (size_t b = 0; b < s.ref.caches.size(); ++b)
-    s.ref.caches[b].attend(layer, &q[b * row], 0, &out[b * row]);
+    e8kv::attend(s.ref.caches[b], layer, &q[b * row], &out[b * row]);
   return out;
 }
 
@@ -148,7 +149,7 @@ Config config(const char* preset, int residual, int flush, bool pre_rope = true,
   c.query_weighted_keys = false;  // and no key channel scales
   c.residual_length = residual;
   c.flush_block = flush;
-  c.keys_pre_rope = pre_rope;
+  c.key_frame = pre_rope ? KeyFrame::kPreRope : KeyFrame::kPostRope;
   c.center = center;
   c.mean_tokens = mean_tokens;
   return c;

@@ -46,7 +46,7 @@ CacheLayout layout_for(const EncodeCase& c, int kv_heads) {
   L.key_gain = c.key_gain;
   L.value_gain = c.value_gain;
   L.key_scale = c.key_scale;
-  L.keys_pre_rope = c.pre_rope;
+  L.key_frame = c.pre_rope ? transform::KeyFrame::kPreRope : transform::KeyFrame::kPostRope;
   L.rope.layout = c.rope_layout;
   L.rope.rotary_dim = c.rotary_dim;
   L.per_head_positions = c.per_head_positions;

@@ -1,5 +1,6 @@
 // Tests of the offload container (include/e8kv/entropy/container.hpp, docs/format.md) and of
 // CRC-32C (include/e8kv/entropy/checksum.hpp).
+#include "e8kv/attention/attend.hpp"
 #include "e8kv/entropy/container.hpp"
 
 #include <gtest/gtest.h>
@@ -99,7 +100,7 @@ void expect_layout_eq(const CacheLayout& a, const CacheLayout& b) {
   EXPECT_EQ(a.value_gain, b.value_gain);
   EXPECT_TRUE(same_bits(a.key_scale, b.key_scale));
   EXPECT_TRUE(same_bits(a.value_scale, b.value_scale));
-  EXPECT_EQ(a.keys_pre_rope, b.keys_pre_rope);
+  EXPECT_EQ(a.key_frame, b.key_frame);
   EXPECT_EQ(a.rotation_seed, b.rotation_seed);
   EXPECT_EQ(a.per_head_positions, b.per_head_positions);
   EXPECT_EQ(a.residual_length, b.residual_length);
@@ -185,8 +186,8 @@ void expect_same_attention(const CompressedKV& a, const CompressedKV& b, uint64_
     }
     for (int r = 0; r < 2; ++r) {
       for (auto& x : q) x = g(rng);
-      a.attend(l, q.data(), last + 1, oa.data());
-      b.attend(l, q.data(), last + 1, ob.data());
+      e8kv::attend(a, l, q.data(), oa.data());
+      e8kv::attend(b, l, q.data(), ob.data());
       EXPECT_EQ(std::memcmp(oa.data(), ob.data(), n * sizeof(float)), 0) << "attention differs at layer " << l;
     }
   }
@@ -822,7 +823,7 @@ TEST(ContainerPartialRead, InfoDescribesTheHeader) {
   o.chunk_tokens = 20;
   const auto bytes = ent::serialize(m.cache, o);
   const auto info = ent::read_info(bytes.data(), bytes.size());
-  EXPECT_EQ(info.format_version, ent::kFormatVersion);
+  EXPECT_EQ(info.format_version, 2);  // the lowest version holding 8-bit gains (pre-RoPE keys)
   EXPECT_EQ(info.library_version, kVersion);
   EXPECT_EQ(info.kind, ent::ContainerKind::kCompressedCache);
   EXPECT_EQ(info.total_bytes, bytes.size());
@@ -968,7 +969,7 @@ TEST_F(ContainerCorruption, WithoutChecksumsDamageIsDetectedOrHarmless) {
       ++accepted;
       ASSERT_EQ(c.n_layers(), 2);
       std::vector<float> q(4 * 64, 0.1f), out(4 * 64);
-      if (every_head_has_tokens(c, 0)) c.attend(0, q.data(), 1000, out.data());  // usable, whatever the data
+      if (every_head_has_tokens(c, 0)) e8kv::attend(c, 0, q.data(), out.data());  // usable, whatever the data
     } catch (const Error&) {
       ++rejected;
     }
@@ -980,9 +981,9 @@ TEST_F(ContainerCorruption, WithoutChecksumsDamageIsDetectedOrHarmless) {
 TEST_F(ContainerCorruption, VersionMagicAndKindAreChecked) {
   auto t = bytes_;
   ASSERT_EQ(ent::read_info(t.data(), t.size()).format_version, 2) << "the fixture uses query-weighted keys";
-  put_at<uint16_t>(t, 8, 3);
+  put_at<uint16_t>(t, 8, static_cast<uint16_t>(ent::kFormatVersion + 1));
   fix_header_crc(t);
-  expect_error([&] { deser(t); }, "format version 3 is not supported");
+  expect_error([&] { deser(t); }, "format version " + std::to_string(ent::kFormatVersion + 1) + " is not supported");
   // In version 1 the query_weighted_keys byte is reserved and must be 0.
   const Made v1 = make_cache("preset=high,residual=4,flush=8,qweight=0,gain_bits=16", small_spec(2, 2, 4, 64, 80, 61), 5);
   t = ent::serialize(v1.cache);
@@ -1314,10 +1315,7 @@ TEST(ContainerFiles, WriteReadLayerAndInfo) {
   expect_error([&] { ent::write_file("/nonexistent-dir/x.e8kv", m.cache); }, "cannot open");
 }
 
-std::string data_dir() {
-  std::string f = __FILE__;  // .../tests/cpu/container_test.cpp
-  return f.substr(0, f.rfind('/')) + "/../data";
-}
+std::string data_dir() { return E8KV_TEST_DATA_DIR; }
 
 std::vector<uint8_t> read_all(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
@@ -1359,7 +1357,7 @@ TEST(ContainerGolden, FilesOfFormatVersion1ReadBack) {
       EXPECT_EQ(L.n_q_heads, q_heads);
       EXPECT_EQ(L.head_dim, head_dim);
       EXPECT_EQ(L.per_head_positions ? 1 : 0, per_head);
-      EXPECT_EQ(L.keys_pre_rope ? 1 : 0, pre_rope);
+      EXPECT_EQ(static_cast<int>(L.key_frame), pre_rope);
       std::string got;
       for (int l = 0; l < L.n_layers; ++l)
         got += std::string(l ? "," : "") + quant::to_string(L.key_codec[static_cast<size_t>(l)]) + "/" +
@@ -1371,7 +1369,7 @@ TEST(ContainerGolden, FilesOfFormatVersion1ReadBack) {
       expect_cache_eq(c, deser(ent::serialize(c)));
       std::vector<float> q(static_cast<size_t>(L.n_q_heads * L.head_dim), 0.05f), out(q.size());
       for (int l = 0; l < L.n_layers; ++l)
-        if (every_head_has_tokens(c, l)) c.attend(l, q.data(), 1 << 20, out.data());
+        if (every_head_has_tokens(c, l)) e8kv::attend(c, l, q.data(), out.data());
     }
     ++files;
   }
@@ -1389,7 +1387,7 @@ TEST(ContainerFiles, WrittenAndReadBackInOtherProcesses) {
   std::normal_distribution<float> g(0.f, 1.f);
   for (auto& x : q) x = g(rng);
   std::vector<float> expected(n * static_cast<size_t>(L.n_layers));
-  for (int l = 0; l < L.n_layers; ++l) m.cache.attend(l, q.data(), 200, &expected[n * static_cast<size_t>(l)]);
+  for (int l = 0; l < L.n_layers; ++l) e8kv::attend(m.cache, l, q.data(), &expected[n * static_cast<size_t>(l)]);
 
   const std::string file = temp_path("proc.e8kv"), result = temp_path("proc.out");
   std::fflush(stdout);
@@ -1415,7 +1413,7 @@ TEST(ContainerFiles, WrittenAndReadBackInOtherProcesses) {
     try {
       const CompressedKV c = ent::read_file(file);  // fresh codecs from the header
       std::vector<float> out(n * static_cast<size_t>(c.n_layers()));
-      for (int l = 0; l < c.n_layers(); ++l) c.attend(l, q.data(), 200, &out[n * static_cast<size_t>(l)]);
+      for (int l = 0; l < c.n_layers(); ++l) e8kv::attend(c, l, q.data(), &out[n * static_cast<size_t>(l)]);
       std::ofstream f(result, std::ios::binary | std::ios::trunc);
       f.write(reinterpret_cast<const char*>(out.data()), static_cast<std::streamsize>(out.size() * sizeof(float)));
       rc = f.good() ? 0 : 4;

@@ -33,7 +33,7 @@ CacheLayout make_layout(int d, quant::Codec key, quant::Codec value, bool pre_ro
   L.head_dim = d;
   L.key_codec = {key};
   L.value_codec = {value};
-  L.keys_pre_rope = pre_rope;
+  L.key_frame = pre_rope ? transform::KeyFrame::kPreRope : transform::KeyFrame::kPostRope;
   L.rope.layout = rope_layout;
   L.rope.rotary_dim = rotary_dim;
   L.rope.theta = theta;
@@ -154,7 +154,7 @@ TEST(KvVectorCodec, RopeTableRotationRoundTripsAndMatchesRope) {
 void previous_encode_key(const CacheCodecs& codecs, const float* k, int32_t pos, uint8_t* codes, uint16_t* gain) {
   const int d = codecs.layout().head_dim;
   std::vector<float> tmp(k, k + d);
-  if (codecs.layout().keys_pre_rope) codecs.rope().remove(tmp.data(), pos);
+  if (codecs.layout().key_frame == transform::KeyFrame::kPreRope) codecs.rope().remove(tmp.data(), pos);
   codecs.rotation(0, 0, 0).forward(tmp.data(), tmp.data());
   codecs.key_quantizer(0).encode(tmp.data(), codes, gain);
 }

@@ -24,7 +24,7 @@ struct CacheLayout {
   quant::GainPolicy value_gain = quant::GainPolicy::kNormPreserving;
   float key_scale = 1.f;
   float value_scale = 1.f;
-  bool keys_pre_rope = true;
+  transform::KeyFrame key_frame = transform::KeyFrame::kPreRope;  ///< see transform::KeyFrame
   transform::RopeParams rope{};
   uint64_t rotation_seed = 0;
   bool per_head_positions = false;

@@ -60,13 +60,15 @@ class CacheCodecs {
   void rope_cos_sin(int32_t position, float* cos_out, float* sin_out) const;
   /// Applies RoPE at `position` to x (head_dim floats) using rope_cos_sin (attention path).
   void apply_rope_fast(float* x, int32_t position) const;
+  /// Removes RoPE at `position` from x (head_dim floats) with the same table (the mean estimate).
+  void remove_rope_fast(float* x, int32_t position) const;
   /// Replaces x[a] and x[b] of every RoPE pair (a, b) by their mean (head_dim floats).
   void average_rope_pairs(float* x) const;
 
   /// The 3-level cos/sin table (quant::build_rope_table of the rotary inverse frequencies; the
   /// unscaled ones for dynamic NTK): upload it as is for the GPU kernels.
   const std::vector<float>& rope_table() const { return rope_tables_; }
-  /// attend's planar copy of the table's low level (attend_cpu::build_planar_rope_low); empty
+  /// attention's planar copy of the table's low level (1024 cos rows, then 1024 sin rows, each padded to a multiple of 8 pairs); empty
   /// when keys are stored post-RoPE.
   const float* key_rope_low_planar() const { return rope_low_planar_.data(); }
   /// The table with its rotary_dim and pair layout; table == nullptr when keys are stored
@@ -183,8 +185,6 @@ class CompressedKV {
   /// Honest bits per stored K/V element: 8·bytes() / (original tokens · layers · heads · d · 2).
   double bits_per_element() const;
 
-  /// CPU reference decode attention that reads the codes (see KVCompressor::attend).
-  void attend(int layer, const float* q, int32_t position, float* out) const;
   CompactHead decompress_head(int layer, int head) const;
   DenseLayer decompress_layer(int layer) const;
 

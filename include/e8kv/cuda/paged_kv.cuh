@@ -152,7 +152,9 @@ inline LayerCodecParams layer_codec_params(const CacheCodecs& codecs, int layer,
   c.value_gain = L.value_gain;
   c.key_scale = L.key_scale;
   c.value_scale = L.value_scale;
-  c.keys_pre_rope = L.keys_pre_rope;
+  require(L.key_frame != transform::KeyFrame::kRopeResidual,
+          "layer_codec_params: keys coded as RoPE residuals (rope=residual) are not in the paged GPU layout yet; use rope=pre or rope=post");
+  c.keys_pre_rope = L.key_frame == transform::KeyFrame::kPreRope;
   c.rotary_dim = codecs.rope().rotary_dim();
   c.rope_layout = codecs.rope().params().layout;
   c.rope_table = device_rope_table;

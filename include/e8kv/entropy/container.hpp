@@ -34,9 +34,10 @@
 namespace e8kv::entropy {
 
 /// The newest container format version this library reads and writes. Version 2 adds
-/// query-weighted keys (a layout flag, per-head key channel scales and pending query energies);
-/// caches without that flag are still written as version 1, byte for byte as before.
-inline constexpr uint16_t kFormatVersion = 2;
+/// query-weighted keys (a layout flag, per-head key channel scales and pending query energies)
+/// and 8-bit gains; version 3 the RoPE-residual key frame (key-frame byte value 2). A cache is
+/// written at the lowest version that holds it, byte for byte as that version always wrote it.
+inline constexpr uint16_t kFormatVersion = 3;
 /// The 8 magic bytes at offset 0: 0x8B 'E' '8' 'K' 'V' '\r' '\n' 0x1A (a high-bit byte and a
 /// CR LF pair detect 7-bit and text-mode mangling, like PNG's signature).
 inline constexpr std::array<uint8_t, 8> kMagic = {0x8B, 'E', '8', 'K', 'V', '\r', '\n', 0x1A};

@@ -42,6 +42,23 @@
 namespace e8kv::transform {
 
 enum class RopeLayout { kSplitHalf, kInterleaved };
+
+/// The frame a cache codes its keys in. Values are part of the container format: never renumber.
+///  - kPostRope: the engine's post-RoPE key k, centred on a post-RoPE mean μ (q·μ is one dot
+///    per query head); the mean drifts as RoPE turns the pairs, so centring fades with distance.
+///  - kPreRope: RoPE removed (R_t⁻¹·k), centred on μ; attention must re-apply RoPE per key.
+///  - kRopeResidual: k − R_t·μ, the post-RoPE residual of the pre-RoPE mean: the centring of
+///    kPreRope at any distance, while attention scores the codes in the rotated domain with no
+///    per-key transform (q·R_t·μ is added analytically from cos/sin rows).
+enum class KeyFrame : uint8_t { kPostRope = 0, kPreRope = 1, kRopeResidual = 2 };
+inline const char* to_string(KeyFrame f) {
+  switch (f) {
+    case KeyFrame::kPostRope: return "post";
+    case KeyFrame::kPreRope: return "pre";
+    case KeyFrame::kRopeResidual: return "residual";
+  }
+  return "?";
+}
 enum class RopeScaling { kNone, kLinear, kDynamicNtk, kLlama3, kYarn };
 
 struct RopeParams {

@@ -1,0 +1,68 @@
+// Decode attention that reads a compressed cache's codes: one query token of one sequence, or a
+// batch of sequences and query tokens in one call, with the log-sum-exp an engine needs to merge
+// partial attentions (split-K, cascade / shared-prefix caches, a prefix on another device).
+//
+//   e8kv::attend(cache, layer, q, out, lse);                        // one sequence, one token
+//   e8kv::attend_batch(requests, {.executor = &pool});              // many sequences/tokens
+//   e8kv::merge_attention(o_a, lse_a, o_b, lse_b, n_heads, d, o, lse);  // exact combination
+//
+// What is computed: for every query head, softmax(scale·q·Kᵀ)·V over every token the cache
+// stores for `layer` (coded tokens and the fp16 window), where K and V are what the cache
+// decodes to (CompressedKV::decompress_head); lse = log Σ exp(scale·q·k) in natural log, so
+// that o = Σ_i exp(lse_i − lse)·o_i merges two disjoint sets of keys exactly.
+//
+// How: keys are never transformed one by one. Each query head is rotated once into the codes'
+// domain (randomized Hadamard, the inverse key channel scales, the codebook's input scale) and
+// scored against the block codes decoded in registers; with RoPE-residual keys the mean term
+// q·R_t·μ is added from cos/sin rows. Values are summed in the rotated domain and rotated back
+// once per query head. Work is cut into fixed chunks of tokens whose partial softmax states
+// merge in a fixed order, so results are bit-identical for any executor and thread count, and
+// identical between the AVX2 + FMA build and the portable one.
+//
+// Thread safety: reads the cache only; any number of calls may run concurrently on one cache.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "e8kv/cache/compressed_kv.hpp"
+#include "e8kv/parallel.hpp"
+
+namespace e8kv {
+
+struct AttendOptions {
+  /// Runs the work items (sequence × chunk of tokens); null: the calling thread.
+  Executor* executor = nullptr;
+};
+
+/// q: n_q_heads·head_dim floats (post-RoPE, the engine's basis); out: the same size; lse:
+/// n_q_heads floats or null. A layer with no stored token gives out = 0 and lse = −inf.
+/// Throws e8kv::Error on a null q or out, a layer out of range, or a non-finite query.
+void attend(const CompressedKV& cache, int layer, const float* q, float* out, float* lse = nullptr,
+            const AttendOptions& options = {});
+
+/// One sequence's share of a batch: n_tokens query tokens of `layer`, each attending to every
+/// token the cache stores (queries of a decode step, of speculative drafts or of a prefill chunk
+/// whose own keys are attended separately and merged with merge_attention).
+struct AttendRequest {
+  const CompressedKV* cache = nullptr;
+  int layer = 0;
+  int n_tokens = 1;
+  const float* q = nullptr;  ///< [n_tokens, n_q_heads, head_dim]
+  float* out = nullptr;      ///< [n_tokens, n_q_heads, head_dim]
+  float* lse = nullptr;      ///< [n_tokens, n_q_heads] or null
+};
+
+/// Every request of the batch, work items spread over the executor. Each request's results are
+/// bit-identical to attend() on its tokens one by one.
+void attend_batch(const std::vector<AttendRequest>& requests, const AttendOptions& options = {});
+
+/// o = (e^{lse_a}·o_a + e^{lse_b}·o_b) / (e^{lse_a} + e^{lse_b}) per head, lse = log of the
+/// denominator: the attention over the union of two disjoint key sets. o_a/o_b: n_heads·d
+/// floats, lse_a/lse_b: n_heads. An empty side (lse = −inf) leaves the other unchanged. out and
+/// lse_out may alias o_a and lse_a.
+void merge_attention(const float* o_a, const float* lse_a, const float* o_b, const float* lse_b, int n_heads, int d,
+                     float* out, float* lse_out);
+
+}  // namespace e8kv

@@ -1,0 +1,83 @@
+// The CPU decode attention's kernels, one struct per ISA (attend_kernels.inc, included twice):
+// KernelsPortable for any x86-64 (or other) host, KernelsAvx2Fma where the CPU has AVX2, FMA and
+// F16C (cpu_has_avx2_fma()). Internal (not installed).
+//
+// A "row decoder" yields block j (8 floats) of one stored vector, straight from its bytes:
+//   E8pRowDecoder, Rvq3RowDecoder, Rvq4RowDecoder   block codes, in lattice units (no gain, no
+//                                                   input scale: both are folded into the query
+//                                                   and the weights), decoded in registers from
+//                                                   the host tables (magnitude XOR sign + shift);
+//   Fp16RowDecoder                                  fp16 rows (window, fp16 codec, dense baseline);
+//   Fp32RowDecoder                                  float rows (keys decoded ahead of time).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "detail/simd.hpp"
+#include "e8kv/codebook/host_decode.hpp"
+
+namespace e8kv::attention::kernels {
+
+/// Little-endian index of `bytes` bytes.
+E8KV_FORCE_INLINE uint32_t load_index(const uint8_t* p, int bytes) {
+  uint32_t v = 0;
+  for (int b = 0; b < bytes; ++b) v |= static_cast<uint32_t>(p[b]) << (8 * b);
+  return v;
+}
+
+/// The rows the register decoders read, built once from the host decode tables. E8P's index
+/// bytes are used as they lie in memory: the low byte (shift bit 0, sign bits 1-7) picks a sign
+/// row and a shift row, the high byte (pattern id) a magnitude row, so a block costs two byte
+/// loads and no bit-field arithmetic beyond one `and`.
+struct DecodeRows {
+  alignas(32) uint32_t magnitude[256][8];  ///< |z| of pattern p, coordinate 0's parity sign folded in
+  alignas(32) uint32_t sign[256][8];       ///< sign masks of low byte b (its bit 0 is the shift, ignored)
+  alignas(32) float shift[2][8];           ///< +1/4 (bit 0 clear) or -1/4
+  alignas(32) float rvq3_residual[256][8]; ///< E81B point p times 1/s2 (Rvq3's second stage)
+};
+
+inline const DecodeRows& decode_rows() {
+  static const DecodeRows rows = [] {
+    DecodeRows r{};
+    const auto& e8p = codebook::host_decode::e8p_rows();
+    const auto& e81b = codebook::host_decode::e81b_rows();
+    std::memcpy(r.magnitude, e8p.magnitude, sizeof r.magnitude);
+    for (int b = 0; b < 256; ++b) std::memcpy(r.sign[b], e8p.sign[b >> 1], sizeof r.sign[b]);
+    std::memcpy(r.shift, e8p.shift, sizeof r.shift);
+    for (int p = 0; p < 256; ++p)
+      for (int i = 0; i < 8; ++i) r.rvq3_residual[p][i] = e81b.point[p][i] * codebook::Rvq3::kInverseResidualScale;
+    return r;
+  }();
+  return rows;
+}
+
+/// E8P's lattice point of the two index bytes at p (little-endian): (magnitude XOR sign) + shift,
+/// the floats of E8P::decode_lattice.
+E8KV_FORCE_INLINE simd::f32x8 e8p_lattice8(const DecodeRows& r, const uint8_t* p) {
+  const unsigned low = p[0], pattern = p[1];
+  const simd::u32x8 m = simd::load8u(r.magnitude[pattern]);
+  const simd::u32x8 s = simd::load8u(r.sign[low]);
+  return simd::as_f32(m ^ s) + simd::load8(r.shift[low & 1u]);
+}
+
+#define E8KV_KERNELS KernelsPortable
+#define E8KV_KERNEL_TARGET
+#define E8KV_KERNEL_ISA simd::IsaPortable
+#include "attention/attend_kernels.inc"
+#undef E8KV_KERNELS
+#undef E8KV_KERNEL_TARGET
+#undef E8KV_KERNEL_ISA
+
+#if E8KV_HOST_AVX2_DISPATCH
+#define E8KV_KERNELS KernelsAvx2Fma
+#define E8KV_KERNEL_TARGET __attribute__((target("avx2,fma,f16c")))
+#define E8KV_KERNEL_ISA simd::IsaAvx2Fma
+#include "attention/attend_kernels.inc"
+#undef E8KV_KERNELS
+#undef E8KV_KERNEL_TARGET
+#undef E8KV_KERNEL_ISA
+#endif
+
+}  // namespace e8kv::attention::kernels
