@@ -105,8 +105,12 @@ LayerScores score_layer(const TensorView& keys, const int32_t* key_positions, co
 
   switch (o.kind) {
     case ScorerKind::kStreaming:
+      // Counted from the first key, not the raw position: floats hold every integer only up to
+      // 2^24, and at larger positions neighbours would tie (a tie keeps the older token).
       for (int64_t h = 0; h < H; ++h)
-        for (int64_t t = 0; t < T; ++t) out.scores[static_cast<size_t>(h * T + t)] = static_cast<float>(key_positions[t]);
+        for (int64_t t = 0; t < T; ++t)
+          out.scores[static_cast<size_t>(h * T + t)] =
+              static_cast<float>(static_cast<int64_t>(key_positions[t]) - key_positions[0]);
       return out;  // no pooling: recency is already smooth
     case ScorerKind::kRandom:
       for (int64_t h = 0; h < H; ++h)
