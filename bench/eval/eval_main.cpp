@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -403,17 +404,32 @@ std::vector<int> parse_ints(const std::string& s) {
 }
 
 // ---- quality regression check (--check FILE) -------------------------------------------------
-// FILE: '#' starts a comment; "ctx N", "cont N", "chunks N" give the setting (no needles); each
-// "check | NAME | SPEC | KL_MAX | KL_MEASURED" line adds the e8kv configuration SPEC
-// (Config::parse syntax) and its bound. KL_MEASURED is where the bound came from (printed only).
+// FILE: '#' starts a comment; "ctx N", "cont N", "chunks N" give the setting (no needles);
+// "corpus NAME BYTES FNV1A64" pins each fetched corpus the bounds were recorded on (the fetch
+// falls back to another Debian package version when the pinned one is gone: KL would then move
+// for reasons that are no regression); each "check | NAME | SPEC | KL_MAX | KL_MEASURED" line adds
+// the e8kv configuration SPEC (Config::parse syntax) and its bound. KL_MEASURED is where the
+// bound came from (printed only).
 struct QualityBound {
   std::string name, spec;
   double kl_max = 0, kl_measured = 0;
 };
+struct CorpusPin {
+  std::string name;
+  uint64_t bytes = 0, fnv1a64 = 0;
+};
 struct QualityCheck {
   int ctx = 0, cont = 0, chunks = 0;
+  std::vector<CorpusPin> corpora;
   std::vector<QualityBound> bounds;
 };
+
+// FNV-1a, 64 bits: a fingerprint of a corpus (not a security hash; fetch-text.sh checks SHA-256).
+uint64_t fnv1a64(const std::string& bytes) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : bytes) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
 
 std::string trim(const std::string& s) {
   const size_t b = s.find_first_not_of(" \t\r"), e = s.find_last_not_of(" \t\r");
@@ -451,8 +467,18 @@ QualityCheck read_quality_check(const std::string& path) {
     std::stringstream ss(line);
     std::string key, value, extra;
     ss >> key >> value;
+    if (key == "corpus") {
+      CorpusPin pin{value};
+      std::string hash;
+      ss >> pin.bytes >> hash;
+      require(!ss.fail() && !value.empty() && hash.rfind("0x", 0) == 0 && !(ss >> extra),
+              where + ": expected 'corpus NAME BYTES 0xFNV1A64'");
+      pin.fnv1a64 = std::stoull(hash, nullptr, 16);
+      c.corpora.push_back(pin);
+      continue;
+    }
     require(!(ss >> extra) && (key == "ctx" || key == "cont" || key == "chunks"),
-            where + ": expected 'ctx N', 'cont N', 'chunks N' or a check line");
+            where + ": expected 'ctx N', 'cont N', 'chunks N', a corpus line or a check line");
     const int v = static_cast<int>(parse_number(value, where));
     (key == "ctx" ? c.ctx : key == "cont" ? c.cont : c.chunks) = v;
   }
@@ -501,7 +527,7 @@ int usage() {
                "                 [--quick] [--no-niah] [--niah-sizes 1024,2048] [--ablations] [--only NAME,...] [--verbose]\n"
                "                 [--config NAME=SPEC ...]   (adds an e8kv configuration, Config::parse syntax)\n"
                "                 [--csv FILE] [--md FILE] [--dump-kv DIR] [--threads N] [--portable]\n"
-               "       e8kv-eval --check FILE [--model F.gguf] [--text FILE] [--threads N] [--portable]\n"
+               "       e8kv-eval --check FILE [--model F.gguf] [--threads N] [--portable]\n"
                "                 (quality regression check: setting and KL bounds from FILE; exit 1 above a bound)\n"
                "defaults: the fetched SmolLM2-135M-Instruct and the two fetched corpora (scripts/fetch-data.sh)\n");
   return 2;
@@ -555,9 +581,10 @@ int main(int argc, char** argv) {
     }
     QualityCheck check;
     if (!o.check.empty()) {
-      require(!ctx_set && !cont_set && !chunks_set && !o.quick && !o.ablations && o.only.empty() && o.extra.empty(),
-              "--check takes the setting and the configurations from its file; drop --ctx/--cont/--chunks/"
-              "--quick/--ablations/--only/--config");
+      require(!ctx_set && !cont_set && !chunks_set && !o.quick && !o.ablations && o.only.empty() && o.extra.empty() &&
+                  o.text.empty(),
+              "--check takes the setting, the corpora and the configurations from its file; drop --ctx/--cont/"
+              "--chunks/--quick/--ablations/--only/--config/--text");
       check = read_quality_check(o.check);
       o.ctx = check.ctx;
       o.cont = check.cont;
@@ -569,9 +596,17 @@ int main(int argc, char** argv) {
     if (!o.check.empty()) {
       if (!std::ifstream(o.model)) return check_not_run("model absent: " + o.model);
       const std::string base = llama::default_cache_dir() + "/text/";
-      for (const auto& t : o.text.empty() ? std::vector<std::string>{base + "tech.txt", base + "fiction.txt"}
-                                          : std::vector<std::string>{o.text})
-        if (!std::ifstream(t)) return check_not_run("corpus absent: " + t);
+      for (const char* name : {"tech.txt", "fiction.txt"})
+        if (!std::ifstream(base + name)) return check_not_run("corpus absent: " + base + name);
+      for (const auto& pin : check.corpora) {
+        const std::string text = read_file(base + pin.name);
+        char got[64];
+        std::snprintf(got, sizeof got, "%zu bytes, 0x%016llx", text.size(), static_cast<unsigned long long>(fnv1a64(text)));
+        require(text.size() == pin.bytes && fnv1a64(text) == pin.fnv1a64,
+                "--check: " + base + pin.name + " (" + got + ") is not the corpus the bounds were recorded on (" +
+                    std::to_string(pin.bytes) + " bytes); scripts/fetch-text.sh warns when it fetched another "
+                    "package version. Re-record the bounds on the new corpus");
+      }
     }
     if (o.portable) llama::set_simd_enabled(false);
     Progress prog;
