@@ -101,11 +101,16 @@ void expect_valid_selection(const std::vector<int64_t>& kept, const std::vector<
   std::vector<char> in(static_cast<size_t>(n), 0);
   for (size_t i = 0; i < kept.size(); ++i) {
     ASSERT_TRUE(kept[i] >= 0 && kept[i] < n) << what;
-    if (i > 0) ASSERT_LT(kept[i - 1], kept[i]) << what << ": not sorted ascending and unique";
+    if (i > 0) {
+      ASSERT_LT(kept[i - 1], kept[i]) << what << ": not sorted ascending and unique";
+    }
     in[static_cast<size_t>(kept[i])] = 1;
   }
-  for (int64_t t = 0; t < n; ++t)
-    if (t < o.sinks || t >= n - o.recent) ASSERT_TRUE(in[static_cast<size_t>(t)]) << what << ": protected token " << t;
+  for (int64_t t = 0; t < n; ++t) {
+    if (t < o.sinks || t >= n - o.recent) {
+      ASSERT_TRUE(in[static_cast<size_t>(t)]) << what << ": protected token " << t;
+    }
+  }
   auto outranks = [&](int64_t a, int64_t b) {  // a strictly before b in the ranking
     const float sa = s[static_cast<size_t>(a)], sb = s[static_cast<size_t>(b)];
     if (std::isnan(sa) != std::isnan(sb)) return std::isnan(sb);
@@ -175,6 +180,27 @@ TEST(SelectTokens, FewerTokensThanSinksPlusRecentKeepsAll) {
     for (int64_t t = 0; t < n; ++t) all[static_cast<size_t>(t)] = t;
     EXPECT_EQ(e8kv::select::select_tokens(s, options(0.9, 4, 32)), all) << "n " << n;
   }
+}
+
+// StreamingLLM end to end: streaming scores + eviction keep the sinks and then the most recent
+// tokens, whatever the positions (here past 2^24, where raw positions as floats would tie).
+TEST(SelectTokens, StreamingScoresKeepTheSinksAndTheMostRecentTokens) {
+  for (const int64_t n : kSizes)
+    for (const int32_t first : {0, (1 << 25) + 1}) {
+      std::vector<int32_t> pos(static_cast<size_t>(n));
+      for (int64_t t = 0; t < n; ++t) pos[static_cast<size_t>(t)] = first + static_cast<int32_t>(t);
+      const std::vector<float> keys(static_cast<size_t>(n * 8), 1.f);
+      e8kv::select::ScorerOptions so;
+      so.kind = e8kv::select::ScorerKind::kStreaming;
+      const auto scores =
+          e8kv::select::score_layer(e8kv::TensorView::nhd(keys.data(), e8kv::DType::kF32, n, 1, 8), pos.data(), nullptr, so);
+      const auto o = options(0.5, 4, 8);
+      const int64_t keep = e8kv::select::kept_count(n, o);
+      std::vector<int64_t> want;
+      for (int64_t t = 0; t < n; ++t)
+        if (t < 4 || t >= n - (keep - std::min<int64_t>(4, n))) want.push_back(t);
+      EXPECT_EQ(e8kv::select::select_layer(scores, o)[0], want) << "n " << n << " first position " << first;
+    }
 }
 
 // ---- a layer: one shared set or one set per KV head -----------------------------------------

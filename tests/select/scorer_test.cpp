@@ -250,15 +250,21 @@ TEST(KeyNormScorer, IsMinusTheL2NormAndIsNotPooled) {
   }
 }
 
-TEST(StreamingScorer, RanksByPositionAndIsNotPooled) {
+// Naive: the score is the token's distance in positions from the layer's first key, for every
+// head; not pooled (a pool would flatten the ranking near the end).
+TEST(StreamingScorer, IsThePositionCountedFromTheFirstKeyAndIsNotPooled) {
   auto rng = e8kv::test::seeded_rng(1501);
-  const auto k = random_keys(rng, 33, 2, 5);
-  ScorerOptions o;
-  o.kind = ScorerKind::kStreaming;
-  o.pool_kernel = 7;
-  const auto got = score_layer(view_of(k), k.pos.data(), nullptr, o);
-  for (int64_t h = 0; h < 2; ++h)
-    for (int64_t t = 1; t < 33; ++t) EXPECT_LT(got.at(h, t - 1), got.at(h, t)) << "head " << h << " token " << t;
+  for (const int64_t tokens : kTokenCounts) {
+    const auto k = random_keys(rng, tokens, 2, 5);
+    ScorerOptions o;
+    o.kind = ScorerKind::kStreaming;
+    o.pool_kernel = 7;
+    const auto got = score_layer(view_of(k), k.pos.data(), nullptr, o);
+    for (int64_t h = 0; h < 2; ++h)
+      for (int64_t t = 0; t < tokens; ++t)
+        ASSERT_EQ(got.at(h, t), static_cast<float>(k.pos[static_cast<size_t>(t)] - k.pos[0]))
+            << "tokens " << tokens << " head " << h << " token " << t;
+  }
 }
 
 // Positions past 2^24 are not all representable as floats: scoring by the raw position made
@@ -279,20 +285,21 @@ TEST(StreamingScorer, StaysStrictlyIncreasingAtPositionsPastTwoToThe24) {
 
 TEST(RandomScorer, IsSplitMix64OfThePositionTop24BitsSameForEveryHead) {
   auto rng = e8kv::test::seeded_rng(1601);
-  for (const uint64_t seed : {uint64_t{0}, uint64_t{42}, ~uint64_t{0}}) {
-    const auto k = random_keys(rng, 33, 3, 7);
-    ScorerOptions o;
-    o.kind = ScorerKind::kRandom;
-    o.seed = seed;
-    o.pool_kernel = 7;
-    const auto got = score_layer(view_of(k), k.pos.data(), nullptr, o);
-    for (int64_t h = 0; h < 3; ++h)
-      for (int64_t t = 0; t < 33; ++t) {
-        const uint64_t counter = static_cast<uint64_t>(k.pos[static_cast<size_t>(t)]);
-        const float want = static_cast<float>(naive::splitmix64_sequential(seed, counter + 1) >> 40);
-        ASSERT_EQ(got.at(h, t), want) << "seed " << seed << " head " << h << " token " << t;
-      }
-  }
+  for (const uint64_t seed : {uint64_t{0}, uint64_t{42}, ~uint64_t{0}})
+    for (const int64_t tokens : kTokenCounts) {
+      const auto k = random_keys(rng, tokens, 3, 7);
+      ScorerOptions o;
+      o.kind = ScorerKind::kRandom;
+      o.seed = seed;
+      o.pool_kernel = 7;
+      const auto got = score_layer(view_of(k), k.pos.data(), nullptr, o);
+      for (int64_t h = 0; h < 3; ++h)
+        for (int64_t t = 0; t < tokens; ++t) {
+          const uint64_t counter = static_cast<uint64_t>(k.pos[static_cast<size_t>(t)]);
+          const float want = static_cast<float>(naive::splitmix64_sequential(seed, counter + 1) >> 40);
+          ASSERT_EQ(got.at(h, t), want) << "seed " << seed << " tokens " << tokens << " head " << h << " token " << t;
+        }
+    }
 }
 
 TEST(RandomScorer, DependsOnTheSeedAndNotOnTheKeys) {
