@@ -449,6 +449,28 @@ TEST(ScoreLayer, RejectsInvalidArguments) {
   EXPECT_THROW(score_layer(view_of(k), k.pos.data(), &lq_dim, o), e8kv::Error);
 }
 
+// Options arrive from configs and containers as bytes: an id outside the enum is an error, for
+// every scorer (it used to fall through to unpooled zeros) and for the GQA reduction.
+TEST(ScoreLayer, RejectsUnknownScorerAndAggregationIds) {
+  auto rng = e8kv::test::seeded_rng(1904);
+  const auto k = random_keys(rng, 5, 1, 0);
+  const auto q = random_queries(rng, 2, 1, {10, 11});
+  const LayerQueries lq{view_of(q), q.pos.data()};
+  ScorerOptions o;
+  o.kind = static_cast<ScorerKind>(6);
+  EXPECT_THROW(score_layer(view_of(k), k.pos.data(), &lq, o), e8kv::Error);
+  o.kind = static_cast<ScorerKind>(255);
+  EXPECT_THROW(score_layer(view_of(k), k.pos.data(), &lq, o), e8kv::Error);
+  o = {};
+  o.gqa = static_cast<Aggregation>(2);
+  EXPECT_THROW(score_layer(view_of(k), k.pos.data(), &lq, o), e8kv::Error);
+  LayerScores s;
+  s.kv_heads = 1;
+  s.tokens = 1;
+  s.scores = {1.f};
+  EXPECT_THROW(e8kv::select::aggregate_heads(s, static_cast<Aggregation>(2)), e8kv::Error);
+}
+
 TEST(ScoreLayer, RejectsNonFiniteKeysAndQueries) {
   auto rng = e8kv::test::seeded_rng(1903);
   auto k = random_keys(rng, 5, 1, 0);
