@@ -62,6 +62,11 @@ void accumulate_attention(const float* q, int64_t q_pos, const std::vector<float
   for (int64_t t = 0; t < tokens; ++t) acc[t] += logits[t] * inv;
 }
 
+// Enum options arrive from configs and containers as bytes: a value outside the enum is an
+// error, not a silent fallback to some other scorer or reduction.
+bool known(ScorerKind k) { return static_cast<uint8_t>(k) <= static_cast<uint8_t>(ScorerKind::kKeyNorm); }
+bool known(Aggregation a) { return a == Aggregation::kMean || a == Aggregation::kMax; }
+
 void check_finite(float v, const char* what) {
   if (!std::isfinite(v)) throw Error(std::string("score_layer: non-finite value in ") + what);
 }
@@ -93,6 +98,11 @@ void max_pool(std::vector<float>& s, int64_t heads, int64_t tokens, int kernel) 
 LayerScores score_layer(const TensorView& keys, const int32_t* key_positions, const LayerQueries* queries,
                         const ScorerOptions& o, float softmax_scale) {
   const int64_t T = keys.tokens(), H = keys.heads(), d = keys.head_dim();
+  if (!known(o.kind))
+    throw Error("ScorerOptions.kind " + std::to_string(static_cast<int>(o.kind)) +
+                " is unknown; accepted: 0 obs-window, 1 multi-window, 2 key-key, 3 streaming, 4 random, 5 key-norm");
+  if (!known(o.gqa))
+    throw Error("ScorerOptions.gqa " + std::to_string(static_cast<int>(o.gqa)) + " is unknown; accepted: 0 mean, 1 max");
   require(o.window >= 1, "ScorerOptions.window must be >= 1");
   require(o.pool_kernel >= 1 && o.pool_kernel % 2 == 1, "ScorerOptions.pool_kernel must be odd and >= 1");
   require(T == 0 || key_positions != nullptr, "score_layer: key positions are required");
@@ -105,8 +115,12 @@ LayerScores score_layer(const TensorView& keys, const int32_t* key_positions, co
 
   switch (o.kind) {
     case ScorerKind::kStreaming:
+      // Counted from the first key, not the raw position: floats hold every integer only up to
+      // 2^24, and at larger positions neighbours would tie (a tie keeps the older token).
       for (int64_t h = 0; h < H; ++h)
-        for (int64_t t = 0; t < T; ++t) out.scores[static_cast<size_t>(h * T + t)] = static_cast<float>(key_positions[t]);
+        for (int64_t t = 0; t < T; ++t)
+          out.scores[static_cast<size_t>(h * T + t)] =
+              static_cast<float>(static_cast<int64_t>(key_positions[t]) - key_positions[0]);
       return out;  // no pooling: recency is already smooth
     case ScorerKind::kRandom:
       for (int64_t h = 0; h < H; ++h)
@@ -177,6 +191,9 @@ LayerScores score_layer(const TensorView& keys, const int32_t* key_positions, co
 }
 
 std::vector<float> aggregate_heads(const LayerScores& s, Aggregation how) {
+  if (!known(how))
+    throw Error("aggregate_heads: aggregation " + std::to_string(static_cast<int>(how)) +
+                " is unknown; accepted: 0 mean, 1 max");
   std::vector<float> out(static_cast<size_t>(s.tokens), how == Aggregation::kMax ? -std::numeric_limits<float>::infinity() : 0.f);
   if (s.kv_heads == 0) {
     std::fill(out.begin(), out.end(), 0.f);

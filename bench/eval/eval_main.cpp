@@ -8,10 +8,17 @@
 // configuration: continuation perplexity and its Δ% vs fp16 (paired per chunk, 95 % CI), mean
 // KL(fp16 ‖ config) of next-token distributions, top-1 agreement, honest bits per element and
 // compression ratio of the cache at the end of the chunk, and needle-in-a-haystack recall.
+//
+// --check FILE is the quality regression check CI runs (ctest eval_quality_check, label model):
+// FILE (bench/eval/quality_bounds.txt) gives a small setting and, per configuration, an upper
+// bound on its KL; the run fails (exit 1) when a KL exceeds its bound, and exits 77 (skipped)
+// when the model or the corpora are absent (exit 1 instead with E8KV_REQUIRE_DATA=1).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -37,7 +44,8 @@ struct Options {
   bool quick = false, niah = true, ablations = false, verbose = false;
   std::vector<int> niah_sizes = {1024, 2048, 4096};
   std::vector<double> niah_depths = {0.1, 0.3, 0.5, 0.7, 0.9};  // --quick: 0.1, 0.5, 0.9
-  std::string csv, md, dump_kv, only;
+  std::string csv, md, dump_kv, only, check;
+  bool portable = false;  // the model's forward pass without its AVX2/FMA kernels
   std::vector<std::pair<std::string, std::string>> extra;  // --config NAME=SPEC
   uint64_t seed = 1234;
 };
@@ -395,12 +403,132 @@ std::vector<int> parse_ints(const std::string& s) {
   return v;
 }
 
+// ---- quality regression check (--check FILE) -------------------------------------------------
+// FILE: '#' starts a comment; "ctx N", "cont N", "chunks N" give the setting (no needles);
+// "corpus NAME BYTES FNV1A64" pins each fetched corpus the bounds were recorded on (the fetch
+// falls back to another Debian package version when the pinned one is gone: KL would then move
+// for reasons that are no regression); each "check | NAME | SPEC | KL_MAX | KL_MEASURED" line adds
+// the e8kv configuration SPEC (Config::parse syntax) and its bound. KL_MEASURED is where the
+// bound came from (printed only).
+struct QualityBound {
+  std::string name, spec;
+  double kl_max = 0, kl_measured = 0;
+};
+struct CorpusPin {
+  std::string name;
+  uint64_t bytes = 0, fnv1a64 = 0;
+};
+struct QualityCheck {
+  int ctx = 0, cont = 0, chunks = 0;
+  std::vector<CorpusPin> corpora;
+  std::vector<QualityBound> bounds;
+};
+
+// FNV-1a, 64 bits: a fingerprint of a corpus (not a security hash; fetch-text.sh checks SHA-256).
+uint64_t fnv1a64(const std::string& bytes) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : bytes) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
+std::string trim(const std::string& s) {
+  const size_t b = s.find_first_not_of(" \t\r"), e = s.find_last_not_of(" \t\r");
+  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
+}
+
+double parse_number(const std::string& s, const std::string& where) {
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  require(!s.empty() && end == s.c_str() + s.size() && std::isfinite(v) && v >= 0, where + ": '" + s +
+                                                                                      "' is not a number >= 0");
+  return v;
+}
+
+QualityCheck read_quality_check(const std::string& path) {
+  std::ifstream f(path);
+  require(f.good(), "--check: cannot read " + path);
+  QualityCheck c;
+  std::string raw;
+  for (int line_no = 1; std::getline(f, raw); ++line_no) {
+    const std::string where = path + ":" + std::to_string(line_no);
+    const std::string line = trim(raw.substr(0, raw.find('#')));
+    if (line.empty()) continue;
+    if (line.rfind("check", 0) == 0) {
+      std::vector<std::string> fields;
+      std::stringstream ss(line);
+      for (std::string field; std::getline(ss, field, '|');) fields.push_back(trim(field));
+      require(fields.size() == 5 && fields[0] == "check" && !fields[1].empty() && !fields[2].empty(),
+              where + ": expected 'check | NAME | SPEC | KL_MAX | KL_MEASURED'");
+      require(fields[1] != "fp16", where + ": 'fp16' is the reference's name");
+      for (const auto& b : c.bounds) require(b.name != fields[1], where + ": " + fields[1] + " is checked twice");
+      c.bounds.push_back({fields[1], fields[2], parse_number(fields[3], where), parse_number(fields[4], where)});
+      continue;
+    }
+    std::stringstream ss(line);
+    std::string key, value, extra;
+    ss >> key >> value;
+    if (key == "corpus") {
+      CorpusPin pin{value};
+      std::string hash;
+      ss >> pin.bytes >> hash;
+      require(!ss.fail() && !value.empty() && hash.rfind("0x", 0) == 0 && !(ss >> extra),
+              where + ": expected 'corpus NAME BYTES 0xFNV1A64'");
+      pin.fnv1a64 = std::stoull(hash, nullptr, 16);
+      c.corpora.push_back(pin);
+      continue;
+    }
+    require(!(ss >> extra) && (key == "ctx" || key == "cont" || key == "chunks"),
+            where + ": expected 'ctx N', 'cont N', 'chunks N', a corpus line or a check line");
+    const int v = static_cast<int>(parse_number(value, where));
+    (key == "ctx" ? c.ctx : key == "cont" ? c.cont : c.chunks) = v;
+  }
+  require(c.ctx > 0 && c.cont > 0 && c.chunks > 0, "--check " + path + ": ctx, cont and chunks must all be given");
+  require(!c.bounds.empty(), "--check " + path + ": no check lines");
+  return c;
+}
+
+// 77 (CTest's skip code) when the check cannot run for want of fetched data; 1 when the data is
+// required (E8KV_REQUIRE_DATA=1, as CI sets it after fetching).
+int check_not_run(const std::string& why) {
+  const char* required = std::getenv("E8KV_REQUIRE_DATA");
+  if (required != nullptr && std::string(required) == "1") {
+    std::fprintf(stderr, "e8kv-eval --check: %s, and E8KV_REQUIRE_DATA=1 (scripts/fetch-data.sh fetches it)\n",
+                 why.c_str());
+    return 1;
+  }
+  std::printf("SKIPPED: %s (scripts/fetch-data.sh fetches it); exit 77 = skipped\n", why.c_str());
+  return 77;
+}
+
+// Prints each configuration's KL against its bound; 0 when all hold, 1 otherwise.
+int report_check(const QualityCheck& c, const std::vector<Result>& rs) {
+  std::printf("\n# quality check: mean KL(fp16 || config) against the recorded bounds\n");
+  std::printf("%-30s %11s %11s %11s  %s\n", "config", "KL", "bound", "recorded", "result");
+  int failures = 0;
+  for (const auto& b : c.bounds) {
+    const auto it = std::find_if(rs.begin(), rs.end(), [&](const Result& r) { return r.name == b.name; });
+    require(it != rs.end(), "--check: no result for " + b.name);
+    // kl_max 0 means exactly 0 (bit-identical logits); NaN fails.
+    const bool ok = it->kl <= b.kl_max;
+    failures += !ok;
+    std::printf("%-30s %11.6f %11.6f %11.6f  %s\n", b.name.c_str(), it->kl, b.kl_max, b.kl_measured,
+                ok ? "ok" : "REGRESSION");
+  }
+  if (failures > 0)
+    std::printf("quality check FAILED: %d configuration(s) above their KL bound\n", failures);
+  else
+    std::printf("quality check passed (%zu configurations)\n", c.bounds.size());
+  return failures > 0 ? 1 : 0;
+}
+
 int usage() {
   std::fprintf(stderr,
                "usage: e8kv-eval [--model F.gguf] [--text FILE] [--ctx 512|2048|4096] [--cont T] [--chunks N]\n"
                "                 [--quick] [--no-niah] [--niah-sizes 1024,2048] [--ablations] [--only NAME,...] [--verbose]\n"
                "                 [--config NAME=SPEC ...]   (adds an e8kv configuration, Config::parse syntax)\n"
-               "                 [--csv FILE] [--md FILE] [--dump-kv DIR] [--threads N]\n"
+               "                 [--csv FILE] [--md FILE] [--dump-kv DIR] [--threads N] [--portable]\n"
+               "       e8kv-eval --check FILE [--model F.gguf] [--threads N] [--portable]\n"
+               "                 (quality regression check: setting and KL bounds from FILE; exit 1 above a bound)\n"
                "defaults: the fetched SmolLM2-135M-Instruct and the two fetched corpora (scripts/fetch-data.sh)\n");
   return 2;
 }
@@ -438,6 +566,8 @@ int main(int argc, char** argv) {
       else if (a == "--md") o.md = next();
       else if (a == "--dump-kv") o.dump_kv = next();
       else if (a == "--threads") o.threads = std::stoi(next());
+      else if (a == "--check") o.check = next();
+      else if (a == "--portable") o.portable = true;
       else if (a == "-h" || a == "--help") return usage();
       else throw Error("unknown argument '" + a + "'");
     }
@@ -449,8 +579,36 @@ int main(int argc, char** argv) {
       o.niah_depths = {0.1, 0.5, 0.9};
       o.ablations = false;
     }
+    QualityCheck check;
+    if (!o.check.empty()) {
+      require(!ctx_set && !cont_set && !chunks_set && !o.quick && !o.ablations && o.only.empty() && o.extra.empty() &&
+                  o.text.empty(),
+              "--check takes the setting, the corpora and the configurations from its file; drop --ctx/--cont/"
+              "--chunks/--quick/--ablations/--only/--config/--text");
+      check = read_quality_check(o.check);
+      o.ctx = check.ctx;
+      o.cont = check.cont;
+      o.chunks = check.chunks;
+      o.niah = false;
+    }
     require(o.ctx >= 64 && o.cont >= 1 && o.chunks >= 1, "--ctx >= 64, --cont >= 1, --chunks >= 1 required");
     if (o.model.empty()) o.model = llama::default_model_path();
+    if (!o.check.empty()) {
+      if (!std::ifstream(o.model)) return check_not_run("model absent: " + o.model);
+      const std::string base = llama::default_cache_dir() + "/text/";
+      for (const char* name : {"tech.txt", "fiction.txt"})
+        if (!std::ifstream(base + name)) return check_not_run("corpus absent: " + base + name);
+      for (const auto& pin : check.corpora) {
+        const std::string text = read_file(base + pin.name);
+        char got[64];
+        std::snprintf(got, sizeof got, "%zu bytes, 0x%016llx", text.size(), static_cast<unsigned long long>(fnv1a64(text)));
+        require(text.size() == pin.bytes && fnv1a64(text) == pin.fnv1a64,
+                "--check: " + base + pin.name + " (" + got + ") is not the corpus the bounds were recorded on (" +
+                    std::to_string(pin.bytes) + " bytes); scripts/fetch-text.sh warns when it fetched another "
+                    "package version. Re-record the bounds on the new corpus");
+      }
+    }
+    if (o.portable) llama::set_simd_enabled(false);
     Progress prog;
     const auto model = llama::Model::load(o.model, o.threads);
     const auto& mc = model.config();
@@ -464,6 +622,10 @@ int main(int argc, char** argv) {
     std::vector<std::vector<int32_t>> corpora;
     for (const auto& t : texts) corpora.push_back(model.tokenizer().encode(read_file(t)));
     auto cfgs = config_list(o.ablations);
+    if (!o.check.empty()) {
+      cfgs.resize(1);  // the fp16 reference
+      for (const auto& b : check.bounds) cfgs.push_back({b.name, b.spec});
+    }
     if (!o.only.empty()) {
       std::vector<ConfigSpec> keep = {cfgs[0]};
       std::stringstream ss(o.only);
@@ -482,8 +644,9 @@ int main(int argc, char** argv) {
     run_chunks(o, model, corpora, cfgs, comps, acc, prog);
     if (o.niah) run_niah(o, model, corpora.back(), cfgs, comps, acc, prog);
     prog.done();
-    print_outputs(o, summarize(cfgs, acc), mc, prog.seconds());
-    return 0;
+    const auto results = summarize(cfgs, acc);
+    print_outputs(o, results, mc, prog.seconds());
+    return o.check.empty() ? 0 : report_check(check, results);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "\ne8kv-eval: %s\n", e.what());
     return 1;

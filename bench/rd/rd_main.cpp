@@ -8,6 +8,8 @@
 // ([N, d] float32/float16 head vectors): randomized Hadamard + one fp16 gain per vector + blocks,
 // so the rate includes the gain (index bits + 16/d); peers get the same rotation and pay their own
 // scales. MSE is per element on unit-power data: Σ‖x − x̂‖² / Σ‖x‖².
+// --svg: per source, the gap to the Shannon bound against bits per element (1.5-5 b) next to
+// SQNR over all rates; one colour and marker per codec family, the legend names its tier.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -15,7 +17,10 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <initializer_list>
 #include <map>
+#include <memory>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -311,12 +316,144 @@ void write_csv(const std::string& path, const std::vector<Row>& rows) {
   }
 }
 
-std::string family(const std::string& codec) {
-  for (const char* f : {"e8p", "rvq", "ball", "voronoi", "lloydmax-vec", "rotated-lloydmax-vec", "lloydmax", "uniform",
-                        "kivi", "relaxed", "q4_0", "q8_0", "rotated-q4_0", "rotated-q8_0"})
-    if (codec.rfind(f, 0) == 0) return f;
-  return codec;
+// ---- SVG ---------------------------------------------------------------------------------------
+// One row per source: the gap to the Shannon bound against bits per element over 1.5-5 bits (the
+// view used to compare quantizers: the bound is a horizontal line at 0 and codecs at different
+// rates compare directly), and next to it SQNR over 0-9 bits (every codec, q8_0 included). Each
+// codec family has its own colour and marker in both; the legend names its tier.
+
+struct CodecStyle {
+  const char* family;  // codec name prefix (after an optional "rotated-")
+  const char* what;    // legend text after the family name
+  const char* tier;    // fast / quality / table-free (e8kv codes) or peer
+  const char* colour;
+  char marker;  // o circle, s square, d diamond, ^ v triangles, h hexagon, x, +, O S D hollow
+};
+
+// Longest prefix first where one family name starts another (lloydmax-vec before lloydmax).
+const CodecStyle kCodecStyles[] = {
+    {"e8p", "E8P, 2 b", "fast + quality", "#d62728", 'o'},
+    {"rvq", "two-stage E8P", "fast", "#ff7f0e", 's'},
+    {"ball", "E8 ball, leader index", "quality", "#8c564b", 'd'},
+    {"voronoi", "E8 / 2^k E8", "table-free", "#e377c2", 'h'},
+    {"lloydmax-vec", "TurboQuant-style", "peer", "#2ca02c", 'x'},
+    {"lloydmax", "scalar Lloyd-Max", "peer", "#1f77b4", '^'},
+    {"uniform", "scalar uniform", "peer", "#17becf", 'v'},
+    {"kivi", "KIVI, groups of 32", "peer", "#9467bd", '+'},
+    {"relaxed", "relaxed parity, entropy rate", "peer", "#7f7f7f", 'O'},
+    {"q4_0", "llama.cpp", "peer", "#bcbd22", 'S'},
+    {"q8_0", "llama.cpp", "peer", "#393b79", 'D'},
+};
+
+const CodecStyle& style_of(const std::string& codec) {
+  const std::string name = codec.rfind("rotated-", 0) == 0 ? codec.substr(8) : codec;
+  for (const auto& st : kCodecStyles)
+    if (name.rfind(st.family, 0) == 0) return st;
+  static const CodecStyle other{"other", "", "peer", "#000000", 'o'};
+  return other;
 }
+
+// The family as it appears in this source's rows ("rotated-q4_0" on head-vector sources).
+std::string family(const std::string& codec) {
+  const CodecStyle& st = style_of(codec);
+  return codec.rfind("rotated-", 0) == 0 ? "rotated-" + std::string(st.family) : st.family;
+}
+
+bool is_e8kv(const CodecStyle& st) { return std::strcmp(st.tier, "peer") != 0; }
+
+std::string fmt(double v, int decimals = 1) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.*f", decimals, v);
+  return b;
+}
+
+void marker(std::ostream& f, char shape, double x, double y, const std::string& colour, double r = 4.5) {
+  const bool hollow = shape == 'O' || shape == 'S' || shape == 'D';
+  const std::string paint = hollow ? "fill='white' stroke='" + colour + "' stroke-width='1.8'"
+                                   : "fill='" + colour + "' stroke='white' stroke-width='0.6'";
+  auto polygon = [&](std::initializer_list<std::pair<double, double>> pts) {
+    f << "<polygon " << paint << " points='";
+    for (const auto& [dx, dy] : pts) f << fmt(x + dx * r, 2) << "," << fmt(y + dy * r, 2) << " ";
+    f << "'/>";
+  };
+  switch (shape) {
+    case 'o': case 'O': f << "<circle cx='" << fmt(x, 2) << "' cy='" << fmt(y, 2) << "' r='" << r << "' " << paint << "/>"; break;
+    case 's': case 'S': polygon({{-0.85, -0.85}, {0.85, -0.85}, {0.85, 0.85}, {-0.85, 0.85}}); break;
+    case 'd': case 'D': polygon({{0, -1.25}, {1.1, 0}, {0, 1.25}, {-1.1, 0}}); break;
+    case '^': polygon({{0, -1.2}, {1.1, 0.8}, {-1.1, 0.8}}); break;
+    case 'v': polygon({{0, 1.2}, {1.1, -0.8}, {-1.1, -0.8}}); break;
+    case 'h': polygon({{1, 0}, {0.5, 0.87}, {-0.5, 0.87}, {-1, 0}, {-0.5, -0.87}, {0.5, -0.87}}); break;
+    case 'x': case '+': {
+      const double a = shape == 'x' ? 0.9 * r : 1.2 * r;
+      const auto line = [&](double x1, double y1, double x2, double y2) {
+        f << "<line x1='" << fmt(x1, 2) << "' y1='" << fmt(y1, 2) << "' x2='" << fmt(x2, 2) << "' y2='" << fmt(y2, 2)
+          << "' stroke='" << colour << "' stroke-width='2.4'/>";
+      };
+      if (shape == 'x') { line(x - a, y - a, x + a, y + a); line(x - a, y + a, x + a, y - a); }
+      else { line(x - a, y, x + a, y); line(x, y - a, x, y + a); }
+      break;
+    }
+  }
+}
+
+// One panel: axes, grid, the codecs' polylines and markers; `value` maps a row to its y value.
+struct Panel {
+  double left, top, width, height, x0, x1, y0, y1, x_step, y_step;
+  double px(double v) const { return left + width * (v - x0) / (x1 - x0); }
+  double py(double v) const { return top + height * (1.0 - (v - y0) / (y1 - y0)); }
+  bool inside_x(double v) const { return v >= x0 - 1e-9 && v <= x1 + 1e-9; }
+};
+
+void draw_axes(std::ostream& f, const Panel& p, const std::string& xlabel, const std::string& ylabel) {
+  f << "<rect x='" << p.left << "' y='" << p.top << "' width='" << p.width << "' height='" << p.height
+    << "' fill='none' stroke='#999'/>\n";
+  for (double v = p.x0; v <= p.x1 + 1e-9; v += p.x_step)
+    f << "<line x1='" << fmt(p.px(v), 1) << "' y1='" << p.top << "' x2='" << fmt(p.px(v), 1) << "' y2='"
+      << p.top + p.height << "' stroke='#e6e6e6'/><text x='" << fmt(p.px(v), 1) << "' y='" << p.top + p.height + 16
+      << "' text-anchor='middle'>" << fmt(v, std::fabs(v - std::round(v)) < 1e-9 ? 0 : 1) << "</text>\n";
+  for (double v = p.y0; v <= p.y1 + 1e-9; v += p.y_step)
+    f << "<line x1='" << p.left << "' y1='" << fmt(p.py(v), 1) << "' x2='" << p.left + p.width << "' y2='"
+      << fmt(p.py(v), 1) << "' stroke='#e6e6e6'/><text x='" << p.left - 6 << "' y='" << fmt(p.py(v) + 4, 1)
+      << "' text-anchor='end'>" << fmt(v, 0) << "</text>\n";
+  f << "<text x='" << p.left + p.width / 2 << "' y='" << p.top + p.height + 34 << "' text-anchor='middle'>" << xlabel
+    << "</text>\n";
+  const double cy = p.top + p.height / 2, cx = p.left - 36;
+  f << "<text x='" << cx << "' y='" << cy << "' text-anchor='middle' transform='rotate(-90 " << cx << " " << cy << ")'>"
+    << ylabel << "</text>\n";
+}
+
+void draw_codecs(std::ostream& f, const Panel& p, const std::map<std::string, std::vector<const Row*>>& fams,
+                 double (*value)(const Row&)) {
+  for (const auto& [fam, pts] : fams) {
+    const CodecStyle& st = style_of(pts.front()->codec);
+    std::vector<const Row*> shown;
+    for (const Row* r : pts)
+      if (p.inside_x(r->bits)) shown.push_back(r);
+    if (shown.empty()) continue;
+    const auto y_of = [&](const Row* r) { return p.py(std::min(p.y1, std::max(p.y0, value(*r)))); };
+    const auto clipped = [&](const Row* r) { return value(*r) > p.y1 || value(*r) < p.y0; };
+    // Lines join neighbouring points that are both in view (a clipped one would draw a false slope).
+    for (size_t i = 1; i < shown.size(); ++i)
+      if (!clipped(shown[i - 1]) && !clipped(shown[i]))
+        f << "<line x1='" << fmt(p.px(shown[i - 1]->bits), 1) << "' y1='" << fmt(y_of(shown[i - 1]), 1) << "' x2='"
+          << fmt(p.px(shown[i]->bits), 1) << "' y2='" << fmt(y_of(shown[i]), 1) << "' stroke='" << st.colour
+          << "' stroke-width='" << (is_e8kv(st) ? 2.2 : 1.4) << "'" << (is_e8kv(st) ? "" : " stroke-dasharray='5,3'")
+          << "/>\n";
+    for (const Row* r : shown) {
+      f << "<g><title>" << r->codec << ": " << fmt(r->bits, 3) << " b, " << fmt(r->sqnr(), 2) << " dB SQNR, gap "
+        << fmt(r->gap(), 2) << " dB</title>";
+      marker(f, st.marker, p.px(r->bits), y_of(r), st.colour);
+      f << "</g>\n";
+      if (clipped(r))  // on the edge of the view: print the real value under (or over) the marker
+        f << "<text x='" << fmt(p.px(r->bits), 1) << "' y='" << fmt(y_of(r) + (value(*r) > p.y1 ? 18 : -9), 1)
+          << "' text-anchor='middle' font-size='10' fill='" << st.colour << "'>" << r->codec << " "
+          << fmt(value(*r), 1) << (value(*r) > p.y1 ? "&#8593;" : "&#8595;") << "</text>\n";
+    }
+  }
+}
+
+double gap_of(const Row& r) { return r.gap(); }
+double sqnr_of(const Row& r) { return r.sqnr(); }
 
 void write_svg(const std::string& path, const std::vector<Row>& rows) {
   std::ofstream f(path);
@@ -324,51 +461,79 @@ void write_svg(const std::string& path, const std::vector<Row>& rows) {
   std::vector<std::string> sources;
   for (const auto& r : rows)
     if (std::find(sources.begin(), sources.end(), r.source) == sources.end()) sources.push_back(r.source);
-  const int W = 760, H = 440, ml = 60, mr = 190, mt = 40, mb = 50;
-  const double xmax = 9.0, ymax = 50.0;
+  const int W = 1400, H = 490;
   f << "<svg xmlns='http://www.w3.org/2000/svg' width='" << W << "' height='" << H * sources.size()
     << "' font-family='sans-serif' font-size='12'>\n<rect width='100%' height='100%' fill='white'/>\n";
-  const std::map<std::string, std::string> colour = {
-      {"e8p", "#d62728"}, {"rvq", "#ff7f0e"}, {"ball", "#8c1d1d"}, {"voronoi", "#e377c2"},
-      {"lloydmax", "#1f77b4"}, {"uniform", "#17becf"}, {"lloydmax-vec", "#2ca02c"}, {"rotated-lloydmax-vec", "#2ca02c"},
-      {"kivi", "#9467bd"}, {"relaxed", "#7f7f7f"}, {"q4_0", "#bcbd22"}, {"q8_0", "#bcbd22"},
-      {"rotated-q4_0", "#bcbd22"}, {"rotated-q8_0", "#bcbd22"}};
   for (size_t s = 0; s < sources.size(); ++s) {
-    const int y0 = static_cast<int>(s) * H;
-    auto px = [&](double b) { return ml + (W - ml - mr) * b / xmax; };
-    auto py = [&](double db) { return y0 + mt + (H - mt - mb) * (1.0 - db / ymax); };
-    f << "<text x='" << ml << "' y='" << y0 + 24 << "' font-size='15'>" << sources[s]
-      << ": SQNR vs honest bits per element (higher and further left is better)</text>\n";
-    for (int b = 0; b <= 9; ++b)
-      f << "<line x1='" << px(b) << "' y1='" << py(0) << "' x2='" << px(b) << "' y2='" << py(ymax)
-        << "' stroke='#eee'/><text x='" << px(b) - 4 << "' y='" << py(0) + 16 << "'>" << b << "</text>\n";
-    for (int db = 0; db <= 50; db += 10)
-      f << "<line x1='" << px(0) << "' y1='" << py(db) << "' x2='" << px(xmax) << "' y2='" << py(db)
-        << "' stroke='#eee'/><text x='" << ml - 28 << "' y='" << py(db) + 4 << "'>" << db << "</text>\n";
-    f << "<text x='" << px(4) << "' y='" << py(0) + 34 << "'>bits per element</text>\n";
-    f << "<text x='14' y='" << py(25) << "' transform='rotate(-90 14 " << py(25) << ")'>SQNR (dB)</text>\n";
-    // Shannon bound for a Gaussian source: 6.02 dB per bit.
-    f << "<line x1='" << px(0) << "' y1='" << py(0) << "' x2='" << px(ymax / 6.0206) << "' y2='" << py(ymax)
-      << "' stroke='black' stroke-dasharray='5,4'/>\n";
+    const double y0 = static_cast<double>(s) * H;
     std::map<std::string, std::vector<const Row*>> fams;
     for (const auto& r : rows)
       if (r.source == sources[s]) fams[family(r.codec)].push_back(&r);
-    int legend = 0;
-    f << "<text x='" << W - mr + 10 << "' y='" << y0 + mt + 4 << "'>- - Shannon bound (Gaussian)</text>\n";
-    for (auto& [fam, pts] : fams) {
+    for (auto& [fam, pts] : fams)
       std::sort(pts.begin(), pts.end(), [](const Row* a, const Row* b) { return a->bits < b->bits; });
-      const std::string c = colour.count(fam) ? colour.at(fam) : "#333";
-      f << "<polyline fill='none' stroke='" << c << "' stroke-width='2' points='";
-      for (auto* p : pts)
-        if (p->bits <= xmax) f << px(p->bits) << "," << py(std::min(ymax, p->sqnr())) << " ";
-      f << "'/>\n";
-      for (auto* p : pts)
-        if (p->bits <= xmax)
-          f << "<circle cx='" << px(p->bits) << "' cy='" << py(std::min(ymax, p->sqnr())) << "' r='3.5' fill='" << c
-            << "'><title>" << p->codec << ": " << p->bits << " b, " << p->sqnr() << " dB</title></circle>\n";
-      ++legend;
-      f << "<circle cx='" << W - mr + 14 << "' cy='" << y0 + mt + 4 + 18 * legend - 4 << "' r='4' fill='" << c
-        << "'/><text x='" << W - mr + 24 << "' y='" << y0 + mt + 4 + 18 * legend << "'>" << fam << "</text>\n";
+
+    // Gap view: 1.5-5 bits; the y range fits the gaps shown (whole dB, 0 dB always in view) up to
+    // 8 dB, so the codecs within a few dB of the bound stay apart; a larger gap (KIVI-2, about
+    // 10-13 dB) sits on the top edge with its value printed.
+    Panel gap{80, y0 + 62, 500, 330, 1.5, 5.0, 0, 0, 0.5, 1};
+    double lo = 0, hi = 4;
+    for (const auto& r : rows)
+      if (r.source == sources[s] && gap.inside_x(r.bits)) {
+        lo = std::min(lo, r.gap());
+        hi = std::max(hi, r.gap());
+      }
+    gap.y0 = std::floor(lo);
+    gap.y1 = std::min(8.0, std::ceil(hi + 0.3));
+    gap.y_step = gap.y1 - gap.y0 > 10 ? 2 : 1;
+    f << "<text x='" << gap.left - 60 << "' y='" << y0 + 24 << "' font-size='16' font-weight='bold'>" << sources[s]
+      << "</text>\n<text x='" << gap.left << "' y='" << y0 + 48
+      << "' font-size='13'>gap to the Shannon bound, 6.02&#183;R &#8722; SQNR (dB): lower is better</text>\n";
+    draw_axes(f, gap, "bits per element (honest: index + gains + scales)", "gap to Shannon bound (dB)");
+    f << "<line x1='" << gap.left << "' y1='" << fmt(gap.py(0), 1) << "' x2='" << gap.left + gap.width << "' y2='"
+      << fmt(gap.py(0), 1) << "' stroke='black' stroke-width='1.5'/><text x='" << gap.left + gap.width - 4 << "' y='"
+      << fmt(gap.py(0) - 5, 1) << "' text-anchor='end' font-size='11'>Shannon bound, Gaussian D(R) = 2^-2R</text>\n";
+    draw_codecs(f, gap, fams, gap_of);
+    std::string off;  // codecs whose rate is outside the gap view
+    for (const auto& r : rows)
+      if (r.source == sources[s] && !gap.inside_x(r.bits))
+        off += (off.empty() ? "" : ", ") + r.codec + " (" + fmt(r.bits, 2) + " b, " + fmt(r.gap(), 1) + " dB)";
+    if (!off.empty())
+      f << "<text x='" << gap.left << "' y='" << y0 + H - 16 << "' font-size='11' fill='#555'>outside 1.5-5 b: " << off
+        << "</text>\n";
+    if (sources[s] != "gaussian")
+      f << "<text x='" << gap.left << "' y='" << y0 + H - 30 << "' font-size='11' fill='#555'>not Gaussian: the bound "
+        << "is the Gaussian one at equal variance, above this source's D(R), so a gap may be negative</text>\n";
+
+    // SQNR view: every codec, 0-9 bits.
+    const Panel sq{690, y0 + 62, 330, 330, 0, 9, 0, 50, 1, 10};
+    f << "<text x='" << sq.left << "' y='" << y0 + 48 << "' font-size='13'>SQNR (dB), all rates: higher is better</text>\n";
+    draw_axes(f, sq, "bits per element", "SQNR (dB)");
+    f << "<line x1='" << sq.px(0) << "' y1='" << sq.py(0) << "' x2='" << fmt(sq.px(50 / 6.0206), 1) << "' y2='"
+      << sq.py(50) << "' stroke='black' stroke-dasharray='5,4'/>\n";
+    draw_codecs(f, sq, fams, sqnr_of);
+
+    // Legend: e8kv codes by tier first, then the peers.
+    double ly = y0 + 70;
+    const double lx = 1050;
+    f << "<line x1='" << lx << "' y1='" << ly - 4 << "' x2='" << lx + 22 << "' y2='" << ly - 4
+      << "' stroke='black' stroke-width='1.5'/><text x='" << lx + 30 << "' y='" << ly
+      << "'>Shannon bound (0 dB left, dashed right)</text>\n";
+    for (const bool e8 : {true, false}) {
+      ly += 26;
+      f << "<text x='" << lx << "' y='" << ly << "' font-weight='bold'>" << (e8 ? "e8kv (tier)" : "peers")
+        << "</text>\n";
+      for (const auto& want : kCodecStyles)  // in the table's order, not the map's
+        for (const auto& [fam, pts] : fams) {
+          const CodecStyle& st = style_of(pts.front()->codec);
+          if (&st != &want || is_e8kv(st) != e8) continue;
+          ly += 20;
+          f << "<line x1='" << lx << "' y1='" << ly - 4 << "' x2='" << lx + 22 << "' y2='" << ly - 4 << "' stroke='"
+            << st.colour << "' stroke-width='" << (e8 ? 2.2 : 1.4) << "'" << (e8 ? "" : " stroke-dasharray='5,3'")
+            << "/>";
+          marker(f, st.marker, lx + 11, ly - 4, st.colour);
+          f << "<text x='" << lx + 30 << "' y='" << ly << "'>" << fam << " <tspan fill='#555'>"
+            << (e8 ? std::string(st.tier) + ": " : "") << st.what << "</tspan></text>\n";
+        }
     }
   }
   f << "</svg>\n";

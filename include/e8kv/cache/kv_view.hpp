@@ -128,8 +128,21 @@ struct SequenceKV {
   int32_t first_position = 0;
 
   int64_t tokens() const { return layers.empty() ? 0 : layers[0].keys.tokens(); }
+  /// Absolute position of token t (0 <= t). Without `positions`, first_position + t computed in
+  /// 64 bits: a position past INT32_MAX (or a negative t) throws e8kv::Error instead of
+  /// overflowing a signed int (undefined behaviour).
   int32_t position(int64_t t) const {
-    return positions ? positions[t] : first_position + static_cast<int32_t>(t);
+    if (positions) return positions[t];
+    const int64_t p = static_cast<int64_t>(first_position) + t;
+    if (t < 0 || p > static_cast<int64_t>(INT32_MAX)) throw_position_out_of_range(t);
+    return static_cast<int32_t>(p);
+  }
+
+ private:
+  // Out of line of the check so position() stays small on the per-token path.
+  [[noreturn]] void throw_position_out_of_range(int64_t t) const {
+    throw Error("SequenceKV::position: token " + std::to_string(t) + " with first_position " +
+                std::to_string(first_position) + " is outside 0 <= t and first_position + t <= INT32_MAX");
   }
 };
 
