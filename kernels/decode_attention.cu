@@ -1,6 +1,10 @@
-// paged_decode_attention: split planning, validation, closed dispatch over head_dim x key codec
-// (the value codec is a uniform run-time branch inside the kernel) and the explicit kernel
-// instantiations (include/e8kv/cuda/detail/decode_attention_kernel.cuh).
+// paged_decode_attention: split planning (cuda/split_plan.hpp, with the device's CTA slots for
+// the kernel it dispatches to), validation, closed dispatch over head_dim x key codec (the value
+// codec is a uniform run-time branch inside the kernel) and the explicit kernel instantiations
+// (include/e8kv/cuda/detail/decode_attention_kernel.cuh). The slot query runs once per device
+// and instantiation (decode_attention_workspace_bytes, called before any graph capture to size
+// the workspace, makes it); launches never synchronize.
+#include <atomic>
 #include <cmath>
 
 #include "e8kv/cuda/detail/decode_attention_kernel.cuh"
@@ -10,15 +14,48 @@ namespace e8kv::cuda {
 
 namespace {
 
-/// Automatic split planning aims at this many CTAs (about two waves of 132 SMs) ...
-constexpr int64_t kTargetCtas = 264;
-/// ... with at least this many coded tokens per split (a multiple of kSplitGranule).
-constexpr int kMinSplitTokens = 256;
-constexpr int kSplitGranule = 64;
-
 int query_chunks(const DecodeAttentionParams& p) {
   const int group = p.codec.kv_heads > 0 ? p.q_heads / p.codec.kv_heads : 1;
   return (group + detail::kMaxGroup - 1) / detail::kMaxGroup;
+}
+
+int64_t plan_rows(const DecodeAttentionParams& p) {
+  return static_cast<int64_t>(p.cache.batch > 0 ? p.cache.batch : 1) * (p.codec.kv_heads > 0 ? p.codec.kv_heads : 1) *
+         query_chunks(p);
+}
+
+constexpr int kMaxCachedDevices = 64;
+
+/// SMs × CTAs per SM of decode_attention_split_kernel<D, KeyCode> on the current device, queried
+/// once per (device, instantiation) and cached: the occupancy and attribute queries do not
+/// synchronize, and later launches (a CUDA graph capture included) reuse the cached value.
+template <int D, class KeyCode>
+int split_kernel_slots() {
+  static std::atomic<int> cached[kMaxCachedDevices] = {};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  if (device < kMaxCachedDevices) {
+    const int known = cached[device].load(std::memory_order_relaxed);
+    if (known > 0) return known;
+  }
+  int sms = 0, per_sm = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, detail::decode_attention_split_kernel<D, KeyCode>,
+                                                    detail::kAttentionThreads, 0) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  const int slots = sms * (per_sm > 0 ? per_sm : 1);
+  if (device < kMaxCachedDevices) cached[device].store(slots, std::memory_order_relaxed);
+  return slots;
+}
+
+template <int D>
+int slots_dim(quant::Codec key_codec) {
+  return detail::dispatch_kernel_codec(key_codec, [&](auto code) { return split_kernel_slots<D, decltype(code)>(); });
 }
 
 template <int D>
@@ -27,6 +64,16 @@ Status launch_dim(quant::Codec key_codec, const detail::AttentionKernelArgs& a, 
   return detail::dispatch_kernel_codec(key_codec, [&](auto code) {
     return detail::launch_decode_attention<D, decltype(code)>(a, r, batch, kv_heads, stream);
   });
+}
+
+/// The automatic plan's budget when nothing answers (no device): two CTAs on each of 132 SMs,
+/// today's split kernel on an H100/H200. Only reached where no launch can happen either.
+constexpr int kFallbackSlots = 264;
+
+SplitPlan plan_for(const DecodeAttentionParams& p) {
+  const int slots = decode_attention_slots(p);
+  return plan_decode_splits(p.cache.max_coded_len, plan_rows(p), slots > 0 ? slots : kFallbackSlots,
+                            p.window_lens != nullptr, p.split_tokens);
 }
 
 Status check_params(const DecodeAttentionParams& p) {
@@ -38,10 +85,13 @@ Status check_params(const DecodeAttentionParams& p) {
     return Status::kInvalidArgument;
   if (v.batch == 0) return Status::kSuccess;
   if (p.q == nullptr || p.out == nullptr || v.coded_lens == nullptr) return Status::kInvalidArgument;
+  if (p.split_tokens < 0 || p.sm_slots < 0) return Status::kInvalidArgument;
   if (v.max_coded_len > 0) {
     E8KV_RETURN_IF_ERROR(detail::check_layout(v.layout, c));
     if (v.pool == nullptr || v.page_indptr == nullptr || v.page_indices == nullptr) return Status::kInvalidArgument;
+    E8KV_RETURN_IF_ERROR(detail::check_pool_alignment(v.pool, v.layout, p.status));
   }
+  if (!detail::is_aligned(p.status, alignof(uint32_t))) return Status::kMisaligned;
   if (p.window_lens != nullptr &&
       (p.window_keys == nullptr || p.window_values == nullptr || p.window_seq_stride < 0 || p.window_head_stride < 0 ||
        p.window_token_stride < 0))
@@ -52,26 +102,27 @@ Status check_params(const DecodeAttentionParams& p) {
 
 }  // namespace
 
-int decode_attention_splits(const DecodeAttentionParams& p, int* split_tokens) {
-  const int max_len = p.cache.max_coded_len > 0 ? p.cache.max_coded_len : 0;
-  int chunk = p.split_tokens;
-  if (chunk <= 0) {
-    const int64_t rows = static_cast<int64_t>(p.cache.batch > 0 ? p.cache.batch : 1) *
-                         (p.codec.kv_heads > 0 ? p.codec.kv_heads : 1) * query_chunks(p);
-    const int64_t want = (kTargetCtas + rows - 1) / rows;
-    const int64_t even = (static_cast<int64_t>(max_len) + want - 1) / want;
-    int64_t c = even > kMinSplitTokens ? even : kMinSplitTokens;
-    c = (c + kSplitGranule - 1) / kSplitGranule * kSplitGranule;
-    chunk = static_cast<int>(c);
+int decode_attention_slots(const DecodeAttentionParams& p) {
+  if (p.sm_slots > 0) return p.sm_slots;
+  if (!detail::is_kernel_codec(p.codec.key_codec)) return 0;
+  switch (p.codec.head_dim) {
+    case 64: return slots_dim<64>(p.codec.key_codec);
+    case 128: return slots_dim<128>(p.codec.key_codec);
+    case 256: return slots_dim<256>(p.codec.key_codec);
+    default: return 0;
   }
-  if (split_tokens != nullptr) *split_tokens = chunk;
-  return max_len > 0 ? static_cast<int>((static_cast<int64_t>(max_len) + chunk - 1) / chunk) : 0;
+}
+
+int decode_attention_splits(const DecodeAttentionParams& p, int* split_tokens) {
+  const SplitPlan plan = plan_for(p);
+  if (split_tokens != nullptr) *split_tokens = plan.chunk;
+  return plan.splits;
 }
 
 Status decode_attention_workspace_bytes(const DecodeAttentionParams& p, size_t* bytes) {
   if (bytes == nullptr) return Status::kInvalidArgument;
   E8KV_RETURN_IF_ERROR(check_params(p));
-  const int splits = decode_attention_splits(p, nullptr);
+  const int splits = plan_for(p).splits;
   *bytes = static_cast<size_t>(p.cache.batch) * static_cast<size_t>(p.q_heads) * static_cast<size_t>(splits + 1) *
            static_cast<size_t>(p.codec.head_dim + 2) * sizeof(float);
   return Status::kSuccess;
@@ -84,11 +135,12 @@ Status paged_decode_attention(const DecodeAttentionParams& p, void* workspace, s
   size_t need = 0;
   E8KV_RETURN_IF_ERROR(decode_attention_workspace_bytes(p, &need));
   if (workspace == nullptr || workspace_bytes < need) return Status::kInvalidArgument;
+  if (!detail::is_aligned(workspace)) return Status::kMisaligned;
   if (p.cache.batch > 65535 || static_cast<int64_t>(p.codec.kv_heads) * query_chunks(p) > 65535)
     return Status::kInvalidArgument;
   const LayerCodecParams& c = p.codec;
-  int chunk = 0;
-  const int splits = decode_attention_splits(p, &chunk);
+  const SplitPlan plan = plan_for(p);
+  const int chunk = plan.chunk, splits = plan.splits;
   const float scale = p.softmax_scale > 0.f ? p.softmax_scale : 1.0f / std::sqrt(static_cast<float>(c.head_dim));
 
   detail::AttentionKernelArgs a;
@@ -136,6 +188,7 @@ Status paged_decode_attention(const DecodeAttentionParams& p, void* workspace, s
   r.out_dtype = p.out_dtype;
   r.means = c.value_codec != quant::Codec::kFp16 ? p.cache.means : nullptr;
   r.kv_heads = c.kv_heads;
+  r.status = p.status;
 
   switch (c.head_dim) {
     case 64: return launch_dim<64>(c.key_codec, a, r, p.cache.batch, c.kv_heads, stream);

@@ -34,12 +34,15 @@ Status paged_dequantize(const DequantizeParams& p, cudaStream_t stream) {
   const PagedCacheView& v = p.cache;
   if (v.batch < 0 || v.max_coded_len < 0 || p.out_token_stride < 0 || p.out_head_stride < 0)
     return Status::kInvalidArgument;
-  if (v.batch == 0 || v.max_coded_len == 0 || (p.keys_out == nullptr && p.values_out == nullptr))
+  // With a status word, even a plan of 0 tokens launches (one CTA per sequence) so that a
+  // sequence holding coded tokens is flagged rather than skipped in silence.
+  if (v.batch == 0 || (v.max_coded_len == 0 && p.status == nullptr) || (p.keys_out == nullptr && p.values_out == nullptr))
     return Status::kSuccess;
   E8KV_RETURN_IF_ERROR(detail::check_layout(v.layout, c));
   if (v.pool == nullptr || v.page_indptr == nullptr || v.page_indices == nullptr || v.coded_lens == nullptr ||
       p.out_indptr == nullptr)
     return Status::kInvalidArgument;
+  E8KV_RETURN_IF_ERROR(detail::check_pool_alignment(v.pool, v.layout, p.status));
   detail::DequantizeKernelArgs a;
   a.pool = v.pool;
   a.layout = v.layout;
@@ -56,6 +59,8 @@ Status paged_dequantize(const DequantizeParams& p, cudaStream_t stream) {
   a.out_token_stride = p.out_token_stride;
   a.out_head_stride = p.out_head_stride;
   a.means = v.means;
+  a.max_coded_len = v.max_coded_len;
+  a.status = p.status;
   if (p.keys_out != nullptr) {
     a.kind = 0;
     a.apply_rope = c.keys_pre_rope;

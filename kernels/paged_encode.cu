@@ -35,8 +35,10 @@ Status paged_encode(const EncodeParams& p, cudaStream_t stream) {
   if (p.n_tokens < 0) return Status::kInvalidArgument;
   if (p.n_tokens == 0) return Status::kSuccess;
   if (p.pool == nullptr || p.keys == nullptr || p.values == nullptr || p.positions == nullptr ||
-      p.slot_mapping == nullptr || p.token_stride < 0 || p.head_stride < 0 || ((p.means == nullptr) != (p.token_seq == nullptr)))
+      p.slot_mapping == nullptr || p.token_stride < 0 || p.head_stride < 0 || ((p.means == nullptr) != (p.token_seq == nullptr)) ||
+      p.n_pages < 0)
     return Status::kInvalidArgument;
+  E8KV_RETURN_IF_ERROR(detail::check_pool_alignment(p.pool, p.layout, p.status));
   EncodeKernelArgs a;
   a.dtype = p.dtype;
   a.token_stride = p.token_stride;
@@ -54,6 +56,8 @@ Status paged_encode(const EncodeParams& p, cudaStream_t stream) {
   a.rope_layout = c.rope_layout;
   a.means = p.means;
   a.token_seq = p.token_seq;
+  a.pool_slots = p.n_pages * p.layout.page_tokens;
+  a.status = p.status;
   // Keys (and the positions).
   a.src = p.keys;
   a.kind = 0;

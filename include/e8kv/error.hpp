@@ -22,6 +22,8 @@ enum class [[nodiscard]] Status : int {
   kUnsupportedDtype = 4,
   kCudaError = 5,
   kNoDevice = 6,
+  kMisaligned = 7,   ///< a pool or workspace not 16-byte aligned (CUDA launchers)
+  kBeyondPlan = 8,   ///< a sequence longer than its launch was planned for (device status word)
 };
 
 inline const char* to_string(Status s) {
@@ -33,6 +35,8 @@ inline const char* to_string(Status s) {
     case Status::kUnsupportedDtype: return "unsupported dtype";
     case Status::kCudaError: return "CUDA error";
     case Status::kNoDevice: return "no CUDA device";
+    case Status::kMisaligned: return "buffer not 16-byte aligned";
+    case Status::kBeyondPlan: return "sequence longer than the launch was planned for";
   }
   return "unknown status";
 }

@@ -121,9 +121,11 @@ void run_encode_case(const EncodeCase& c, bool adversarial, uint64_t seed) {
   const PagedLayout L = paged_layout_for(codecs, 0, P);
   std::vector<uint8_t> expect(static_cast<size_t>(table.n_pages) * L.page_bytes, kPoison);
 
-  // Inputs in the engine's dtype and layout; the reference sees the same rounded values.
+  // Inputs in the engine's dtype and layout (k, v); the kernel rounds them to fp16 first, as
+  // compress() does, so the reference codes the fp16 roundings (k16, v16).
   const std::vector<float> k = round_as(make_inputs(rng, n, H, d, adversarial), c.dtype);
   const std::vector<float> v = round_as(make_inputs(rng, n, H, d, adversarial), c.dtype);
+  const std::vector<float> k16 = round_as(k, DType::kF16), v16 = round_as(v, DType::kF16);
   auto to_layout = [&](const std::vector<float>& nhd) {
     if (!c.hnd) return nhd;
     std::vector<float> out(nhd.size());
@@ -170,8 +172,8 @@ void run_encode_case(const EncodeCase& c, bool adversarial, uint64_t seed) {
       const int b = token_seq[static_cast<size_t>(j)];
       uint16_t gk = 0, gv = 0;
       std::vector<float> kc, vc;
-      centre(&k[off], 0, b, h, pos, kc);
-      centre(&v[off], 1, b, h, pos, vc);
+      centre(&k16[off], 0, b, h, pos, kc);
+      centre(&v16[off], 1, b, h, pos, vc);
       reference_encode(codecs, 0, h, kc.data(), pos, page + L.key_code_offset(h, s), &gk);
       reference_encode(codecs, 1, h, vc.data(), pos, page + L.value_code_offset(h, s), &gv);
       if (L.key_gain_bytes) std::memcpy(page + L.key_gain_offset(h, s), &gk, 2);

@@ -10,6 +10,13 @@
 //                           softmax, codes decoded in registers, plus the fp16 residual window.
 //   paged_dequantize        codes -> dense fp16/bf16 K/V (post-RoPE keys, engine basis).
 //
+// Guard rails: pools and workspaces must be 16-byte aligned (kMisaligned); other buffers may
+// sit at any element boundary (the kernels fall back to scalar loads). What only the device
+// can see (a sequence longer than the launch planned for, a slot outside the pool) is reported
+// through an optional device status word the caller reads after the stream (device_status()),
+// never by truncating silently: attention rows of such a sequence are NaN, and no byte outside
+// the pool is written.
+//
 // Closed dispatch (anything else returns a loud status and launches nothing):
 //   head_dim 64, 128, 256 (kUnsupportedHeadDim); codecs fp16, e8p2, rvq3, rvq4 for keys and values
 //   (kUnsupportedBits); K/V input f16/bf16/f32, query f16/bf16/f32, output f16/bf16/f32, dense
@@ -32,6 +39,27 @@
 #include "e8kv/transform/rope.hpp"
 
 namespace e8kv::cuda {
+
+/// Bits the kernels OR into a caller's device status word (a uint32_t in device memory, zeroed
+/// by the caller; DecodeAttentionParams::status, DequantizeParams::status, EncodeParams::status).
+/// Reading it back is the caller's synchronization point, not the launcher's (graph-safe).
+enum DeviceStatusBits : uint32_t {
+  kDeviceStatusOk = 0,
+  /// A sequence had more coded tokens than the launch was planned for (coded_lens[b] >
+  /// max_coded_len for dequantize, beyond splits · split_tokens for attention): its attention
+  /// rows are NaN, its dequantized tail is not written.
+  kDeviceStatusBeyondPlan = 1u << 0,
+  /// An encode slot lay outside the pool (slot >= EncodeParams::n_pages · page_tokens): skipped.
+  kDeviceStatusSlotOutOfPool = 1u << 1,
+};
+
+/// The Status a status word read back from the device stands for (kSuccess when it is 0,
+/// kBeyondPlan or kInvalidArgument otherwise).
+inline Status device_status(uint32_t word) {
+  if (word == kDeviceStatusOk) return Status::kSuccess;
+  if (word & kDeviceStatusBeyondPlan) return Status::kBeyondPlan;
+  return Status::kInvalidArgument;
+}
 
 /// The codec of one layer as the kernels see it; the pointers are device memory.
 struct LayerCodecParams {
@@ -84,6 +112,10 @@ struct EncodeParams {
   /// token_seq[j] is the sequence (row of means) of token j. Both null: no centring.
   const uint16_t* means = nullptr;
   const int32_t* token_seq = nullptr;
+  /// Pool size in pages: slots at or beyond n_pages · page_tokens are skipped and flagged
+  /// (kDeviceStatusSlotOutOfPool) instead of written. 0: not checked.
+  int64_t n_pages = 0;
+  uint32_t* status = nullptr;  ///< device status word (DeviceStatusBits), or null
 };
 
 struct DecodeAttentionParams {
@@ -103,7 +135,11 @@ struct DecodeAttentionParams {
   int64_t window_seq_stride = 0;
   int64_t window_head_stride = 0;
   int64_t window_token_stride = 0;
-  int split_tokens = 0;            ///< coded tokens per split; 0 = automatic
+  int split_tokens = 0;            ///< coded tokens per split; 0 = automatic (split_plan.hpp)
+  /// CTAs the device runs at once for the split kernel (SMs × CTAs per SM), the automatic plan's
+  /// budget; 0 = queried once per device and kernel instantiation, then cached (no sync).
+  int sm_slots = 0;
+  uint32_t* status = nullptr;      ///< device status word (DeviceStatusBits), or null
 };
 
 struct DequantizeParams {
@@ -117,13 +153,14 @@ struct DequantizeParams {
   const int64_t* out_indptr = nullptr;  ///< [batch] first output token of each sequence
   int64_t out_token_stride = 0;
   int64_t out_head_stride = 0;
+  uint32_t* status = nullptr;  ///< device status word (DeviceStatusBits), or null
 };
 
 /// Encodes n_tokens new tokens of one layer into their slots.
 Status paged_encode(const EncodeParams& p, cudaStream_t stream);
 
 /// Workspace that paged_decode_attention needs for these params (depends on batch, q_heads,
-/// head_dim, max_coded_len and split_tokens only).
+/// head_dim, max_coded_len, the window and the split plan only). 16-byte aligned.
 Status decode_attention_workspace_bytes(const DecodeAttentionParams& p, size_t* bytes);
 
 /// Decode attention: out[b] = softmax(scale·q·Kᵀ)·V over the coded tokens and the window.
@@ -134,8 +171,14 @@ Status paged_decode_attention(const DecodeAttentionParams& p, void* workspace, s
 Status paged_dequantize(const DequantizeParams& p, cudaStream_t stream);
 
 /// Number of coded-token splits decode attention uses for these params (the window adds one);
-/// *split_tokens receives the tokens per split.
+/// *split_tokens receives the tokens per split. Automatic plans (split_tokens == 0) use
+/// p.sm_slots, or the device's slots for the kernel these params dispatch to (cached query).
 int decode_attention_splits(const DecodeAttentionParams& p, int* split_tokens);
+
+/// The slot count the automatic plan uses for these params on the current device: SMs × CTAs
+/// per SM of the split kernel instantiation p dispatches to (p.sm_slots when set); 0 when
+/// the codec is unsupported or no device answers.
+int decode_attention_slots(const DecodeAttentionParams& p);
 
 /// The codec of `layer` of caches made with `codecs`, pointing at device copies of
 /// codecs.rope_table() and packed_sign_bits(codecs, layer) (cache/paged_kv.hpp).

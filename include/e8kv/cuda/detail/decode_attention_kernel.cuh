@@ -7,9 +7,13 @@
 // chunk, then decodes the value and updates an online softmax per query head. Keys coded
 // pre-RoPE are decoded to the engine basis (inverse Hadamard, RoPE at the stored position) and
 // dotted with q; keys coded post-RoPE are dotted in the rotated basis with H·D·q. Values are
-// accumulated in the rotated basis; the reduction kernel merges the splits with their maxima and
-// applies the inverse Hadamard once per output row. The window split works in the engine basis.
-// Partials: [batch][q_heads][splits + 1][2 + D] floats = (max·log2e-scaled, sum, acc[D]).
+// accumulated in the rotated basis; the reduction kernel merges the splits by their lse
+// (cuda/split_plan.hpp) and applies the inverse Hadamard once per output row. The window split
+// works in the engine basis.
+// Partials: [batch][q_heads][splits + 1][2 + D] floats = (lse in the log2 domain, unused, o[D])
+// with o normalized by the split's own softmax sum; an empty split is never read.
+// The kernel bodies are __device__ functions so that scripts/kernel_cost.cu can compile them
+// with a launch's uniform parameters fixed (the static cost report, bench/RESULTS.md).
 #pragma once
 
 #include <cfloat>
@@ -18,6 +22,7 @@
 #include "e8kv/cuda/detail/lane_ops.cuh"
 #include "e8kv/cuda/detail/validate.cuh"
 #include "e8kv/cuda/paged_kv.cuh"
+#include "e8kv/cuda/split_plan.hpp"
 
 namespace e8kv::cuda::detail {
 
@@ -53,7 +58,7 @@ struct AttentionKernelArgs {
 };
 
 template <int D, class KeyCode>
-__global__ void __launch_bounds__(kAttentionThreads) decode_attention_split_kernel(const AttentionKernelArgs a) {
+__device__ __forceinline__ void decode_attention_split(const AttentionKernelArgs& a) {
   constexpr int kLanes = D / 8;
   constexpr int kGroups = kAttentionThreads / kLanes;
   constexpr bool kKeyRotated = !kIsFp16<KeyCode>;
@@ -130,7 +135,7 @@ __global__ void __launch_bounds__(kAttentionThreads) decode_attention_split_kern
 
   const PagedLayout& L = a.layout;
   const int32_t* pages = a.page_indices + (window ? 0 : a.page_indptr[b]);
-  for (int base = begin; base < end; base += kGroups) {
+  for (int base = begin; base < end; base += kGroups) {  // cost-report: per-token loop
     const int t_raw = base + my_group;
     const bool valid = t_raw < end;
     const int t = valid ? t_raw : end - 1;  // invalid key groups still shuffle, on real data
@@ -203,13 +208,19 @@ __global__ void __launch_bounds__(kAttentionThreads) decode_attention_split_kern
       sum_acc = fmaf(w, s_acc[k][g][i], sum_acc);
       sum_l = fmaf(w, s_l[k][g], sum_l);
     }
+    // sum_l >= 1 (the maximum's own term) unless every logit was NaN: then o is NaN as on the CPU.
     float* o = out + g * g_stride;
-    o[2 + i] = sum_acc;
+    o[2 + i] = sum_acc / sum_l;
     if (i == 0) {
-      o[0] = mx + s_logit_shift[g];
-      o[1] = sum_l;
+      o[0] = partial_lse2(mx, sum_l) + s_logit_shift[g];
+      o[1] = 0.f;
     }
   }
+}
+
+template <int D, class KeyCode>
+__global__ void __launch_bounds__(kAttentionThreads) decode_attention_split_kernel(const AttentionKernelArgs a) {
+  decode_attention_split<D, KeyCode>(a);
 }
 
 struct ReduceKernelArgs {
@@ -224,10 +235,14 @@ struct ReduceKernelArgs {
   DType out_dtype = DType::kF32;
   const uint16_t* means = nullptr;  ///< [batch][kv_heads][2][D]: coded values add μ_v times their mass
   int kv_heads = 0;
+  uint32_t* status = nullptr;       ///< device status word (kDeviceStatus* bits), or null
 };
 
-/// One CTA of D threads per (query head, sequence): merges the splits, applies the inverse
-/// Hadamard of the values once (shared-memory butterflies, the CPU's operation order), normalizes.
+/// One CTA of D threads per (query head, sequence): merges the splits by their lse, applies the
+/// inverse Hadamard of the values once (shared-memory butterflies, the CPU's operation order),
+/// adds the value mean times the coded tokens' softmax mass. A sequence longer than the plan
+/// (coded_lens[b] > splits · chunk: its tail was never read) gets a NaN row and sets
+/// kDeviceStatusBeyondPlan in the status word, instead of a silently truncated softmax.
 template <int D>
 __global__ void __launch_bounds__(D) decode_attention_reduce_kernel(const ReduceKernelArgs a) {
   const int qh = blockIdx.x, b = blockIdx.y, i = threadIdx.x;
@@ -235,43 +250,47 @@ __global__ void __launch_bounds__(D) decode_attention_reduce_kernel(const Reduce
   const int64_t stride = D + 2;
   const float* base = a.partial + (static_cast<int64_t>(b) * a.q_heads + qh) * (a.coded_splits + 1) * stride;
   const int coded = a.coded_lens[b];
-  const int n_coded = min(a.coded_splits, (coded + a.chunk - 1) / a.chunk);
-  const bool has_window = a.window_lens != nullptr && a.window_lens[b] > 0;
-  const float* win = base + static_cast<int64_t>(a.coded_splits) * stride;
-  float mx = -INFINITY;
-  for (int s = 0; s < n_coded; ++s) mx = fmaxf(mx, base[s * stride]);
-  if (has_window) mx = fmaxf(mx, win[0]);
-  float sum_l = 0.f, coded_acc = 0.f, window_acc = 0.f;
-  for (int s = 0; s < n_coded; ++s) {
-    const float w = exp2f(base[s * stride] - mx);
-    sum_l = fmaf(w, base[s * stride + 1], sum_l);
-    coded_acc = fmaf(w, base[s * stride + 2 + i], coded_acc);
-  }
-  const float coded_mass = sum_l;  // softmax mass of the coded tokens: the weight of the value mean
-  if (has_window) {
-    const float w = exp2f(win[0] - mx);
-    sum_l = fmaf(w, win[1], sum_l);
-    window_acc = w * win[2 + i];
-  }
-  if (a.values_rotated) {  // uniform over the CTA
-    __shared__ float sv[D];
-    sv[i] = coded_acc;
-    __syncthreads();
-    for (int m = 1; m < D; m <<= 1) {
-      const float mine = sv[i], partner = sv[i ^ m];
-      __syncthreads();
-      sv[i] = quant::lane_butterfly(mine, partner, (i & m) != 0);
-      __syncthreads();
-    }
-    coded_acc = fp::mul(sv[i], transform::detail::inverse_sqrt_dim(D));
-    const uint32_t word = a.sign_bits[(static_cast<int64_t>(h) * 2 + 1) * a.sign_words + (i >> 5)];
-    if ((word >> (i & 31)) & 1u) coded_acc = -coded_acc;
-    if (a.means != nullptr)
-      coded_acc = fmaf(coded_mass, half_bits_to_float(a.means[((static_cast<int64_t>(b) * a.kv_heads + h) * 2 + 1) * D + i]),
-                       coded_acc);
-  }
-  const float value = sum_l > 0.f ? (coded_acc + window_acc) / sum_l : 0.f;
   const int64_t o = (static_cast<int64_t>(b) * a.q_heads + qh) * D + i;
+  const bool beyond_plan = coded < 0 || static_cast<int64_t>(coded) > static_cast<int64_t>(a.coded_splits) * a.chunk;
+  float value = 0.f;
+  if (beyond_plan) {  // uniform over the CTA
+    if (i == 0 && qh == 0 && a.status != nullptr) atomicOr(a.status, kDeviceStatusBeyondPlan);
+    value = __int_as_float(0x7fc00000);  // NaN
+  } else {
+    const int n_coded = static_cast<int>(split_ceil_div(coded, a.chunk));
+    const bool has_window = a.window_lens != nullptr && a.window_lens[b] > 0;
+    const float* win = base + static_cast<int64_t>(a.coded_splits) * stride;
+    Lse2Merge merge;
+    for (int s = 0; s < n_coded; ++s) merge.add(base[s * stride]);
+    if (has_window) merge.add(win[0]);
+    const float lse = merge.lse();
+    float coded_out = 0.f, coded_mass = 0.f;  // coded tokens' share of the row and their softmax mass
+    for (int s = 0; s < n_coded; ++s) {
+      const float w = lse2_weight(base[s * stride], lse);
+      coded_mass += w;
+      coded_out = fmaf(w, base[s * stride + 2 + i], coded_out);
+    }
+    const float window_out = has_window ? lse2_weight(win[0], lse) * win[2 + i] : 0.f;
+    if (a.values_rotated) {  // uniform over the CTA
+      __shared__ float sv[D];
+      sv[i] = coded_out;
+      __syncthreads();
+      for (int m = 1; m < D; m <<= 1) {
+        const float mine = sv[i], partner = sv[i ^ m];
+        __syncthreads();
+        sv[i] = quant::lane_butterfly(mine, partner, (i & m) != 0);
+        __syncthreads();
+      }
+      coded_out = fp::mul(sv[i], transform::detail::inverse_sqrt_dim(D));
+      const uint32_t word = a.sign_bits[(static_cast<int64_t>(h) * 2 + 1) * a.sign_words + (i >> 5)];
+      if ((word >> (i & 31)) & 1u) coded_out = -coded_out;
+      if (a.means != nullptr)
+        coded_out = fmaf(coded_mass,
+                         half_bits_to_float(a.means[((static_cast<int64_t>(b) * a.kv_heads + h) * 2 + 1) * D + i]),
+                         coded_out);
+    }
+    value = coded_out + window_out;  // an empty row (no token at all) stays 0, as the CPU's
+  }
   if (a.out_dtype == DType::kF32) {
     static_cast<float*>(a.out)[o] = value;
   } else if (a.out_dtype == DType::kF16) {

@@ -2,6 +2,8 @@
 // quant::decode_key_vector / decode_value_vector do on the CPU, stored as fp16 or bf16.
 #pragma once
 
+#include <algorithm>
+
 #include "e8kv/cuda/detail/lane_ops.cuh"
 #include "e8kv/cuda/detail/validate.cuh"
 #include "e8kv/cuda/paged_kv.cuh"
@@ -28,16 +30,23 @@ struct DequantizeKernelArgs {
   const int64_t* out_indptr = nullptr;
   int64_t out_token_stride = 0, out_head_stride = 0;
   const uint16_t* means = nullptr;  ///< [batch][kv_heads][2][D] fp16 bits, or null
+  int max_coded_len = 0;            ///< the launch's plan: the grid covers this many tokens
+  uint32_t* status = nullptr;       ///< device status word (kDeviceStatus* bits), or null
 };
 
-/// Grid: x covers max_coded_len · kv_heads vectors, y = sequence.
+/// Grid: x covers max_coded_len · kv_heads vectors, y = sequence. A sequence with more coded
+/// tokens than the plan gets its first max_coded_len tokens written and flags
+/// kDeviceStatusBeyondPlan (the rest of its output rows are left as they were).
 template <int D, class Code>
-__global__ void __launch_bounds__(kDequantizeThreads) paged_dequantize_kernel(const DequantizeKernelArgs a) {
+__device__ __forceinline__ void paged_dequantize(const DequantizeKernelArgs& a) {
   constexpr int kLanes = D / 8;
   constexpr int kVectorsPerCta = kDequantizeThreads / kLanes;
   const int b = blockIdx.y;
   const PagedLayout& L = a.layout;
-  const int64_t total = static_cast<int64_t>(a.coded_lens[b]) * L.kv_heads;
+  const int coded = a.coded_lens[b];
+  if (blockIdx.x == 0 && threadIdx.x == 0 && a.status != nullptr && (coded > a.max_coded_len || coded < 0))
+    atomicOr(a.status, kDeviceStatusBeyondPlan);
+  const int64_t total = static_cast<int64_t>(min(max(coded, 0), a.max_coded_len)) * L.kv_heads;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kVectorsPerCta;
   if (first >= total) return;  // uniform over the CTA
   const int lane = static_cast<int>(threadIdx.x) % kLanes;
@@ -72,11 +81,16 @@ __global__ void __launch_bounds__(kDequantizeThreads) paged_dequantize_kernel(co
 }
 
 template <int D, class Code>
+__global__ void __launch_bounds__(kDequantizeThreads) paged_dequantize_kernel(const DequantizeKernelArgs a) {
+  paged_dequantize<D, Code>(a);
+}
+
+template <int D, class Code>
 Status launch_paged_dequantize(const DequantizeKernelArgs& a, int batch, int max_coded_len, cudaStream_t stream) {
   constexpr int kVectorsPerCta = kDequantizeThreads / (D / 8);
   const int64_t total = static_cast<int64_t>(max_coded_len) * a.layout.kv_heads;
-  const int64_t blocks = (total + kVectorsPerCta - 1) / kVectorsPerCta;
-  if (blocks == 0 || batch == 0) return Status::kSuccess;
+  const int64_t blocks = std::max<int64_t>((total + kVectorsPerCta - 1) / kVectorsPerCta, 1);  // >= 1: the check
+  if (batch == 0) return Status::kSuccess;
   if (blocks > 0x7FFFFFFF || batch > 65535) return Status::kInvalidArgument;
   paged_dequantize_kernel<D, Code>
       <<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(batch)), kDequantizeThreads, 0, stream>>>(a);

@@ -1,5 +1,9 @@
 // Kernel template of paged_encode: one head vector per D/8 lanes, fused RoPE removal, randomized
-// Hadamard, gain and block encode, written straight into the vector's page slot.
+// Hadamard, gain and block encode, written straight into the vector's page slot. Inputs are
+// first rounded to fp16, the cache's working precision, exactly as compress()/append() round
+// them on the CPU (f32 and bf16 inputs give the codes of their fp16 roundings). The body is a
+// __device__ function so that scripts/kernel_cost.cu can compile it with a launch's uniform
+// parameters fixed.
 #pragma once
 
 #include "e8kv/cuda/detail/lane_ops.cuh"
@@ -32,10 +36,12 @@ struct EncodeKernelArgs {
   bool write_positions = false;
   const uint16_t* means = nullptr;  ///< [batch][kv_heads][2][D] fp16 bits, or null
   const int32_t* token_seq = nullptr;
+  int64_t pool_slots = 0;           ///< n_pages · page_tokens; 0 = not checked
+  uint32_t* status = nullptr;       ///< device status word (kDeviceStatus* bits), or null
 };
 
 template <int D, class Code>
-__global__ void __launch_bounds__(kEncodeThreads) paged_encode_kernel(const EncodeKernelArgs a) {
+__device__ __forceinline__ void paged_encode(const EncodeKernelArgs& a) {
   constexpr int kLanes = D / 8;
   constexpr int kVectorsPerCta = kEncodeThreads / kLanes;
   const int lane = static_cast<int>(threadIdx.x) % kLanes;
@@ -45,12 +51,16 @@ __global__ void __launch_bounds__(kEncodeThreads) paged_encode_kernel(const Enco
   const bool in_range = vec < total;
   const int64_t j = in_range ? vec / a.kv_heads : 0;
   const int h = in_range ? static_cast<int>(vec % a.kv_heads) : 0;
-  const int64_t slot = in_range ? a.slot_mapping[j] : -1;
+  int64_t slot = in_range ? a.slot_mapping[j] : -1;
+  if (a.pool_slots > 0 && slot >= a.pool_slots) {  // outside the pool: skipped, and said so
+    if (lane == 0 && a.status != nullptr) atomicOr(a.status, kDeviceStatusSlotOutOfPool);
+    slot = -1;
+  }
   const bool active = slot >= 0;
   const PagedLayout& L = a.layout;
   float v[8];
   if (in_range) {
-    load8(a.src, a.dtype, j * a.token_stride + h * a.head_stride + 8 * lane, v);
+    load8_as_fp16(a.src, a.dtype, j * a.token_stride + h * a.head_stride + 8 * lane, v);
   } else {
 #pragma unroll
     for (int r = 0; r < 8; ++r) v[r] = 0.f;
@@ -97,6 +107,11 @@ __global__ void __launch_bounds__(kEncodeThreads) paged_encode_kernel(const Enco
   }
   if (active && a.write_positions && lane == 0 && (L.position_sets > 1 || h == 0))
     *reinterpret_cast<int32_t*>(page_ptr + L.position_offset(h, s)) = a.positions[j];
+}
+
+template <int D, class Code>
+__global__ void __launch_bounds__(kEncodeThreads) paged_encode_kernel(const EncodeKernelArgs a) {
+  paged_encode<D, Code>(a);
 }
 
 /// Launches one kind (keys or values) with the codec `Code`.

@@ -186,6 +186,18 @@ __device__ __forceinline__ void load8(const void* base, DType dt, int64_t offset
   }
 }
 
+/// load8, then each value rounded to fp16 and back (round to nearest even, the shared
+/// float_to_fp16_bits of numeric/half.hpp): what the CPU's compress()/append() do to every input
+/// before coding. fp16 input is already exact; f32 and bf16 lose what fp16 cannot hold (values
+/// beyond ±65504 become ±inf, which the codec then treats as non-finite, like the CPU's codec).
+__device__ __forceinline__ void load8_as_fp16(const void* base, DType dt, int64_t offset, float v[8]) {
+  load8(base, dt, offset, v);
+  if (dt != DType::kF16) {
+#pragma unroll
+    for (int r = 0; r < 8; ++r) v[r] = fp16_bits_to_float(float_to_fp16_bits(v[r]));
+  }
+}
+
 /// Stores eight floats as dtype `dt` (round to nearest even) at element `offset` of `base`.
 __device__ __forceinline__ void store8(void* base, DType dt, int64_t offset, const float v[8]) {
   if (dt == DType::kF32) {

@@ -49,6 +49,21 @@ inline Status check_layout(const PagedLayout& L, const LayerCodecParams& c) {
   return Status::kSuccess;
 }
 
+/// Pools and workspaces are read and written with 16-byte vector accesses.
+inline constexpr uintptr_t kBufferAlignment = 16;
+
+inline bool is_aligned(const void* p, uintptr_t alignment = kBufferAlignment) {
+  return (reinterpret_cast<uintptr_t>(p) & (alignment - 1)) == 0;
+}
+
+/// kMisaligned unless the pool and its page size keep every page 16-byte aligned, and the
+/// status word (when given) is 4-byte aligned.
+inline Status check_pool_alignment(const void* pool, const PagedLayout& L, const uint32_t* status) {
+  if (!is_aligned(pool) || L.page_bytes % static_cast<int64_t>(kBufferAlignment) != 0) return Status::kMisaligned;
+  if (!is_aligned(status, alignof(uint32_t))) return Status::kMisaligned;
+  return Status::kSuccess;
+}
+
 /// kCudaError when the last launch failed (reads and clears the error).
 inline Status launch_status() { return cudaGetLastError() == cudaSuccess ? Status::kSuccess : Status::kCudaError; }
 
