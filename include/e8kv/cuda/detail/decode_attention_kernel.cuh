@@ -135,7 +135,8 @@ __device__ __forceinline__ void decode_attention_split(const AttentionKernelArgs
 
   const PagedLayout& L = a.layout;
   const int32_t* pages = a.page_indices + (window ? 0 : a.page_indptr[b]);
-  for (int base = begin; base < end; base += kGroups) {  // cost-report: per-token loop
+  // cost-report: per-token loop (scripts/kernel_cost.py finds the loop whose back edge is the next line)
+  for (int base = begin; base < end; base += kGroups) {
     const int t_raw = base + my_group;
     const bool valid = t_raw < end;
     const int t = valid ? t_raw : end - 1;  // invalid key groups still shuffle, on real data

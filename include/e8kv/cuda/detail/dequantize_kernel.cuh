@@ -77,6 +77,7 @@ __device__ __forceinline__ void paged_dequantize(const DequantizeKernelArgs& a) 
       for (int r = 0; r < 8; ++r) v[r] = fp::add(v[r], mu[r]);
     }
   }
+  // cost-report: per-vector path (scripts/kernel_cost.py counts the paths through the next line)
   if (active) store8(a.out, a.out_dtype, (a.out_indptr[b] + t) * a.out_token_stride + h * a.out_head_stride + 8 * lane, v);
 }
 

@@ -98,6 +98,7 @@ __device__ __forceinline__ void paged_encode(const EncodeKernelArgs& a) {
     xq = lane_tree_sum<kLanes>(xq);
     qq = lane_tree_sum<kLanes>(qq);
     if (active) {
+      // cost-report: per-vector path (scripts/kernel_cost.py counts the paths through the next line)
       store_block_index<Code>(page_ptr + code_offset + lane * (Code::kIndexBits / 8), index);
       if (lane == 0) {
         const int64_t gain_offset = a.kind == 0 ? L.key_gain_offset(h, s) : L.value_gain_offset(h, s);
