@@ -2,18 +2,24 @@
 // CompressedKV::decompress_head): ragged batches with tails (context 0, 1, not a multiple of the
 // page or of a CTA step, one past a split), GQA 1:1 to 16:1, every kernel codec, pre- and
 // post-RoPE keys, fp16 windows, query/output dtypes, 128K context, poisoned outputs and
-// workspace (every element must be written), CUDA-graph capture. Skips (exit 77) without a device.
+// workspace (every element must be written), CUDA-graph capture; and the paths issue 14 found
+// untested (GpuCoverage): Rvq3/Rvq4 values, interleaved and partial RoPE, per-head positions,
+// page sizes, GQA 2/3/6/12, positions >= 2^20, > 4 KV heads, batch > 10, plans longer and
+// shorter than the real length (status word), unaligned buffers. Skips (exit 77) without a device.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "e8kv/attention/attend.hpp"
 #include "cuda/gpu_test_main.hpp"
+#include "e8kv/cuda/split_plan.hpp"
 #include "cuda/paged_gpu_util.hpp"
 
 namespace {
@@ -42,9 +48,9 @@ struct PagedSetup {
 };
 
 PagedSetup make_setup(const ModelShape& shape, const Config& cfg, const std::vector<int>& lengths, uint64_t seed, int layer,
-                 int page_tokens = 16) {
+                      int page_tokens = 16, int32_t first_position = 0) {
   PagedSetup s;
-  s.ref = make_reference_batch(shape, cfg, lengths, seed);
+  s.ref = make_reference_batch(shape, cfg, lengths, seed, first_position);
   PagedOptions opt;
   opt.page_tokens = page_tokens;
   opt.shuffle_seed = seed;
@@ -108,21 +114,80 @@ cuda::DecodeAttentionParams attention_params(const PagedSetup& s, const void* q,
   return p;
 }
 
+// How one GPU attention call is set up beyond the cache: the split size, buffers moved off
+// 16-byte alignment (by whole elements: the kernels' scalar fallbacks), a plan for a different
+// length than the real maximum, and a device status word.
+struct AttentionRun {
+  int split_tokens = 0;
+  int q_offset = 0;         ///< elements the query buffer starts past an aligned allocation
+  int out_offset = 0;       ///< same for the output
+  int window_offset = 0;    ///< same for the two window buffers
+  int max_coded_len = -1;   ///< planned length; -1: the real maximum
+  int sm_slots = 0;
+  bool with_status = false;
+  uint32_t status = 0;      ///< read back after the call when with_status
+};
+
 // Runs the GPU attention with poisoned output and workspace; returns the output as floats.
 std::vector<float> gpu_attention(const PagedSetup& s, const std::vector<float>& q, DType q_dtype, DType out_dtype,
-                                 int split_tokens) {
+                                 AttentionRun& run) {
   const size_t n = q.size();
-  DeviceBuffer<uint8_t> dq, dout(n * dtype_size(out_dtype));
-  dq.upload(pack_as(q, q_dtype));
+  const size_t qsz = dtype_size(q_dtype), osz = dtype_size(out_dtype);
+  DeviceBuffer<uint8_t> dq, dout((n + static_cast<size_t>(run.out_offset)) * osz);
+  std::vector<uint8_t> qbytes(static_cast<size_t>(run.q_offset) * qsz, 0);
+  const std::vector<uint8_t> packed = pack_as(q, q_dtype);
+  qbytes.insert(qbytes.end(), packed.begin(), packed.end());
+  dq.upload(qbytes);
   dout.fill_bytes(0xFF);
-  cuda::DecodeAttentionParams p = attention_params(s, dq.get(), q_dtype, dout.get(), out_dtype, split_tokens);
+  cuda::DecodeAttentionParams p =
+      attention_params(s, dq.get() + run.q_offset * qsz, q_dtype, dout.get() + run.out_offset * osz, out_dtype,
+                       run.split_tokens);
+  DeviceBuffer<uint16_t> wk, wv;
+  if (run.window_offset > 0) {
+    std::vector<uint16_t> k(static_cast<size_t>(run.window_offset), 0), v = k;
+    k.insert(k.end(), s.paged.window_keys.begin(), s.paged.window_keys.end());
+    v.insert(v.end(), s.paged.window_values.begin(), s.paged.window_values.end());
+    k.push_back(0);
+    v.push_back(0);
+    wk.upload(k);
+    wv.upload(v);
+    p.window_keys = wk.get() + run.window_offset;
+    p.window_values = wv.get() + run.window_offset;
+  }
+  if (run.max_coded_len >= 0) p.cache.max_coded_len = run.max_coded_len;
+  p.sm_slots = run.sm_slots;
+  DeviceBuffer<uint32_t> status;
+  if (run.with_status) {
+    status.upload({0u});
+    p.status = status.get();
+  }
   size_t ws_bytes = 0;
   EXPECT_EQ(cuda::decode_attention_workspace_bytes(p, &ws_bytes), Status::kSuccess);
   DeviceBuffer<uint8_t> ws(std::max<size_t>(ws_bytes, 1));
   ws.fill_bytes(0xFF);
   EXPECT_EQ(cuda::paged_decode_attention(p, ws.get(), ws_bytes, nullptr), Status::kSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  return download_as_float(dout, out_dtype, n);
+  if (run.with_status) run.status = status.download()[0];
+  const std::vector<uint8_t> bytes = dout.download();
+  std::vector<float> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    const size_t at = (i + static_cast<size_t>(run.out_offset)) * osz;
+    if (out_dtype == DType::kF32) {
+      std::memcpy(&out[i], &bytes[at], 4);
+    } else {
+      uint16_t b;
+      std::memcpy(&b, &bytes[at], 2);
+      out[i] = from_bits(b, out_dtype);
+    }
+  }
+  return out;
+}
+
+std::vector<float> gpu_attention(const PagedSetup& s, const std::vector<float>& q, DType q_dtype, DType out_dtype,
+                                 int split_tokens) {
+  AttentionRun run;
+  run.split_tokens = split_tokens;
+  return gpu_attention(s, q, q_dtype, out_dtype, run);
 }
 
 // Max over rows of max|a − b| / max|b| (rows of head_dim); every a must be finite.
@@ -393,6 +458,76 @@ int ulps_apart(float a, float b, DType t) {
   return std::abs(sx - sy);
 }
 
+// Dequantizes every coded token of `s` and compares with decompress_head (within one ulp of
+// the output dtype); rows between sequences must stay poisoned. max_coded_len < 0: the real
+// maximum. Returns the status word when `status` is given.
+void check_dequantize(const PagedSetup& s, DType out, const char* what, int max_coded_len = -1,
+                      uint32_t* status_out = nullptr) {
+  const int H = s.ref.shape.n_kv_heads, d = s.ref.shape.head_dim;
+  std::vector<int64_t> lengths;
+  for (const auto& c : s.ref.caches) lengths.push_back(c.coded_tokens(0, 0));
+  // Output rows with a gap of 3 tokens between sequences: gaps must stay poisoned.
+  std::vector<int64_t> indptr;
+  int64_t rows = 0;
+  for (int64_t n : lengths) {
+    indptr.push_back(rows);
+    rows += n + 3;
+  }
+  DeviceBuffer<int64_t> dindptr;
+  dindptr.upload(indptr);
+  const size_t elems = static_cast<size_t>(rows) * H * d;
+  DeviceBuffer<uint16_t> kout(std::max<size_t>(elems, 1)), vout(std::max<size_t>(elems, 1));
+  kout.fill_bytes(0xFF);
+  vout.fill_bytes(0xFF);
+  DeviceBuffer<uint32_t> status;
+  status.upload({0u});
+  cuda::DequantizeParams p;
+  p.codec = s.tables->params;
+  p.cache = s.dev->view;
+  if (max_coded_len >= 0) p.cache.max_coded_len = max_coded_len;
+  p.keys_out = kout.get();
+  p.values_out = vout.get();
+  p.out_dtype = out;
+  p.out_indptr = dindptr.get();
+  p.out_token_stride = static_cast<int64_t>(H) * d;
+  p.out_head_stride = d;
+  p.status = status_out ? status.get() : nullptr;
+  E8KV_STATUS_OK(cuda::paged_dequantize(p, nullptr));
+  E8KV_CUDA_OK(cudaDeviceSynchronize());
+  if (status_out) *status_out = status.download()[0];
+  const int64_t planned = max_coded_len >= 0 ? max_coded_len : std::numeric_limits<int64_t>::max();
+  const auto kg = kout.download(), vg = vout.download();
+  int worst = 0;
+  size_t gap_untouched = 0, gap_total = 0;
+  for (size_t b = 0; b < lengths.size(); ++b) {
+    for (int h = 0; h < H; ++h) {
+      // decompress_head orders every stored token (pinned sinks included) by position.
+      const CompactHead ch = s.ref.caches[b].decompress_head(0, h);
+      const auto& coded_positions = s.ref.caches[b].positions(0, h);
+      for (size_t t = 0; t < coded_positions.size() && static_cast<int64_t>(t) < planned; ++t) {
+        const size_t at = static_cast<size_t>(
+            std::find(ch.positions.begin(), ch.positions.end(), coded_positions[t]) - ch.positions.begin());
+        ASSERT_LT(at, ch.positions.size());
+        for (int i = 0; i < d; ++i) {
+          const size_t o = ((indptr[b] + static_cast<int64_t>(t)) * H + h) * d + i;
+          worst = std::max({worst, ulps_apart(from_bits(kg[o], out), ch.keys[at * d + i], out),
+                            ulps_apart(from_bits(vg[o], out), ch.values[at * d + i], out)});
+        }
+      }
+    }
+    // Past the plan (a sequence longer than max_coded_len) nothing is written either.
+    for (int64_t t = std::min(lengths[b], planned); t < lengths[b] + 3; ++t)
+      for (int i = 0; i < H * d; ++i) {
+        const size_t o = (indptr[b] + t) * H * d + i;
+        gap_total += 2;
+        gap_untouched += (kg[o] == 0xFFFF) + (vg[o] == 0xFFFF);
+      }
+  }
+  std::printf("dequantize %s %s: worst %d ulp\n", what, to_string(out), worst);
+  EXPECT_LE(worst, kDequantizeMaxUlps) << what;
+  EXPECT_EQ(gap_untouched, gap_total) << what << ": rows outside the sequences (or past the plan) were written";
+}
+
 TEST(GpuDequantize, MatchesDecompressHeadWithinOneUlp) {
   struct Case {
     ModelShape shape;
@@ -407,63 +542,262 @@ TEST(GpuDequantize, MatchesDecompressHeadWithinOneUlp) {
                         {{1, 2, 8, 64}, "lossless", true, DType::kF16}};
   uint64_t seed = 9800;
   for (const Case& c : cases) {
-    const std::vector<int> lengths = {0, 1, 17, 300};
-    const PagedSetup s = make_setup(c.shape, config(c.preset, 0, 1, c.pre_rope), lengths, seed++, 0);
-    const int H = c.shape.n_kv_heads, d = c.shape.head_dim;
-    // Output rows with a gap of 3 tokens between sequences: gaps must stay poisoned.
-    std::vector<int64_t> indptr;
-    int64_t rows = 0;
-    for (int n : lengths) {
-      indptr.push_back(rows);
-      rows += n + 3;
-    }
-    DeviceBuffer<int64_t> dindptr;
-    dindptr.upload(indptr);
-    const size_t elems = static_cast<size_t>(rows) * H * d;
-    DeviceBuffer<uint16_t> kout(elems), vout(elems);
-    kout.fill_bytes(0xFF);
-    vout.fill_bytes(0xFF);
-    cuda::DequantizeParams p;
-    p.codec = s.tables->params;
-    p.cache = s.dev->view;
-    p.keys_out = kout.get();
-    p.values_out = vout.get();
-    p.out_dtype = c.out;
-    p.out_indptr = dindptr.get();
-    p.out_token_stride = static_cast<int64_t>(H) * d;
-    p.out_head_stride = d;
-    E8KV_STATUS_OK(cuda::paged_dequantize(p, nullptr));
-    E8KV_CUDA_OK(cudaDeviceSynchronize());
-    const auto kg = kout.download(), vg = vout.download();
-    int worst = 0;
-    size_t gap_untouched = 0, gap_total = 0;
-    for (size_t b = 0; b < lengths.size(); ++b) {
-      for (int h = 0; h < H; ++h) {
-        // decompress_head orders every stored token (pinned sinks included) by position.
-        const CompactHead ch = s.ref.caches[b].decompress_head(0, h);
-        const auto& coded_positions = s.ref.caches[b].positions(0, h);
-        for (size_t t = 0; t < coded_positions.size(); ++t) {
-          const size_t at = static_cast<size_t>(
-              std::find(ch.positions.begin(), ch.positions.end(), coded_positions[t]) - ch.positions.begin());
-          ASSERT_LT(at, ch.positions.size());
-          for (int i = 0; i < d; ++i) {
-            const size_t o = ((indptr[b] + static_cast<int64_t>(t)) * H + h) * d + i;
-            worst = std::max({worst, ulps_apart(from_bits(kg[o], c.out), ch.keys[at * d + i], c.out),
-                              ulps_apart(from_bits(vg[o], c.out), ch.values[at * d + i], c.out)});
-          }
-        }
-      }
-      for (int64_t t = lengths[b]; t < lengths[b] + 3; ++t)
-        for (int i = 0; i < H * d; ++i) {
-          const size_t o = (indptr[b] + t) * H * d + i;
-          gap_total += 2;
-          gap_untouched += (kg[o] == 0xFFFF) + (vg[o] == 0xFFFF);
-        }
-    }
-    std::printf("dequantize d %d %s %s: worst %d ulp\n", d, c.preset, to_string(c.out), worst);
-    EXPECT_LE(worst, kDequantizeMaxUlps) << c.preset << " d " << d;
-    EXPECT_EQ(gap_untouched, gap_total) << "rows outside the sequences were written";
+    const PagedSetup s = make_setup(c.shape, config(c.preset, 0, 1, c.pre_rope), {0, 1, 17, 300}, seed++, 0);
+    check_dequantize(s, c.out, (std::string(c.preset) + " d " + std::to_string(c.shape.head_dim)).c_str());
   }
+}
+
+// ---- paths no test ran before (issue 14) ----------------------------------------------------------
+
+TEST(GpuCoverage, Rvq3AndRvq4AsValueCodec) {
+  const ModelShape shape{1, 2, 8, 128};
+  uint64_t seed = 10100;
+  for (const char* preset : {"quant-k3v3", "quant-k4v4"})
+    for (bool pre_rope : {true, false}) {
+      const PagedSetup s = make_setup(shape, config(preset, 4, 8, pre_rope), {5, 77, 300}, seed++, 0);
+      ASSERT_NE(s.tables->params.value_codec, quant::Codec::kE8P);
+      const auto q = random_queries(3, shape, seed++, DType::kF32);
+      const double err = worst_row_error(gpu_attention(s, q, DType::kF32, DType::kF32, 0), cpu_attention(s, 0, q), 128);
+      std::printf("%s pre_rope %d: worst row error %.2e\n", preset, pre_rope, err);
+      EXPECT_LT(err, kAttentionTolF32) << preset << " pre_rope " << pre_rope;
+      check_dequantize(s, DType::kF16, preset);
+    }
+}
+
+TEST(GpuCoverage, InterleavedAndPartialRope) {
+  struct Case {
+    int d;
+    transform::RopeLayout layout;
+    int rotary_dim;  // 0: all of head_dim
+  };
+  const Case cases[] = {{128, transform::RopeLayout::kInterleaved, 0},
+                        {128, transform::RopeLayout::kInterleaved, 96},
+                        {128, transform::RopeLayout::kSplitHalf, 64},
+                        {64, transform::RopeLayout::kSplitHalf, 32},
+                        {256, transform::RopeLayout::kInterleaved, 128}};
+  uint64_t seed = 10200;
+  for (const Case& c : cases) {
+    const ModelShape shape{1, 2, 8, c.d};
+    Config cfg = config("quant-k3v2", 4, 8);
+    cfg.rope.layout = c.layout;
+    cfg.rope.rotary_dim = c.rotary_dim;
+    const PagedSetup s = make_setup(shape, cfg, {9, 140, 333}, seed++, 0);
+    ASSERT_EQ(s.tables->params.rope_layout, c.layout);
+    const auto q = random_queries(3, shape, seed++, DType::kF32);
+    const double err = worst_row_error(gpu_attention(s, q, DType::kF32, DType::kF32, 64), cpu_attention(s, 0, q), c.d);
+    const std::string what = "d " + std::to_string(c.d) + (c.layout == transform::RopeLayout::kInterleaved ? " interleaved" : " split-half") +
+                             " rotary " + std::to_string(c.rotary_dim);
+    std::printf("%s: worst row error %.2e\n", what.c_str(), err);
+    EXPECT_LT(err, kAttentionTolF32) << what;
+    check_dequantize(s, DType::kBF16, what.c_str());
+  }
+}
+
+TEST(GpuCoverage, PerHeadPositions) {
+  // Per-head eviction (key-norm scores: no queries needed): each KV head keeps its own 65 %
+  // of the tokens, so positions differ per head and the pages store one position set per head.
+  const ModelShape shape{1, 4, 8, 128};
+  Config cfg = config("quant-k2v2", 0, 1);
+  cfg.eviction_rate = 0.35;
+  cfg.scorer = select::ScorerKind::kKeyNorm;
+  cfg.per_head_selection = true;
+  cfg.recent_window = 8;
+  const PagedSetup s = make_setup(shape, cfg, {60, 257, 700}, 10300, 0);
+  ASSERT_EQ(s.paged.layout.position_sets, shape.n_kv_heads);
+  ASSERT_NE(s.ref.caches[2].positions(0, 0), s.ref.caches[2].positions(0, 1));  // the sets really differ
+  const auto q = random_queries(3, shape, 10301, DType::kF32);
+  for (int split : {0, 64}) {
+    const double err = worst_row_error(gpu_attention(s, q, DType::kF32, DType::kF32, split), cpu_attention(s, 0, q), 128);
+    std::printf("per-head positions split %d: worst row error %.2e\n", split, err);
+    EXPECT_LT(err, kAttentionTolF32);
+  }
+  check_dequantize(s, DType::kF16, "per-head positions");
+}
+
+TEST(GpuCoverage, PageSizesOtherThan16) {
+  const ModelShape shape{1, 2, 8, 128};
+  uint64_t seed = 10400;
+  for (int page : {1, 3, 8, 32, 48}) {
+    const PagedSetup s = make_setup(shape, config("quant-k2v2", 4, 8), {1, 50, 129, 400}, seed++, 0, page);
+    ASSERT_EQ(s.paged.layout.page_tokens, page);
+    const auto q = random_queries(4, shape, seed++, DType::kF32);
+    const double err = worst_row_error(gpu_attention(s, q, DType::kF32, DType::kF32, 0), cpu_attention(s, 0, q), 128);
+    std::printf("page %d: worst row error %.2e\n", page, err);
+    EXPECT_LT(err, kAttentionTolF32) << "page " << page;
+    check_dequantize(s, DType::kF16, ("page " + std::to_string(page)).c_str());
+  }
+}
+
+TEST(GpuCoverage, GroupSizes2_3_6_12) {
+  uint64_t seed = 10500;
+  for (int g : {2, 3, 6, 12}) {  // 12: two query chunks of 8 and 4 heads
+    const ModelShape shape{1, 2, 2 * g, 128};
+    for (bool pre_rope : {true, false}) {
+      const PagedSetup s = make_setup(shape, config("quant-k3v2", 4, 8, pre_rope), {33, 290}, seed++, 0);
+      const auto q = random_queries(2, shape, seed++, DType::kF32);
+      const double err = worst_row_error(gpu_attention(s, q, DType::kF32, DType::kF32, 0), cpu_attention(s, 0, q), 128);
+      std::printf("GQA %d pre_rope %d: worst row error %.2e\n", g, pre_rope, err);
+      EXPECT_LT(err, kAttentionTolF32) << "GQA " << g << " pre_rope " << pre_rope;
+    }
+  }
+}
+
+TEST(GpuCoverage, PositionsBeyond2To20) {
+  // The RoPE table's 11 + 10 + 10-bit levels: positions from 2^20 + 12345 use all three.
+  const ModelShape shape{1, 2, 8, 128};
+  const int32_t first = (1 << 20) + 12345;
+  uint64_t seed = 10600;
+  for (const char* preset : {"quant-k2v2", "quant-k4v4"}) {
+    const PagedSetup s = make_setup(shape, config(preset, 4, 8), {20, 500}, seed++, 0, 16, first);
+    ASSERT_GE(s.ref.caches[1].positions(0, 0).front(), 1 << 20);
+    const auto q = random_queries(2, shape, seed++, DType::kF32);
+    const double err = worst_row_error(gpu_attention(s, q, DType::kF32, DType::kF32, 128), cpu_attention(s, 0, q), 128);
+    std::printf("%s positions >= 2^20: worst row error %.2e\n", preset, err);
+    EXPECT_LT(err, kAttentionTolF32) << preset;
+    check_dequantize(s, DType::kF16, "positions >= 2^20");
+  }
+}
+
+TEST(GpuCoverage, MoreThanFourKvHeadsAndBatchAbove10) {
+  struct Case {
+    ModelShape shape;
+    int batch;
+  };
+  const Case cases[] = {{{1, 8, 32, 128}, 3}, {{1, 6, 12, 64}, 2}, {{1, 2, 8, 128}, 13}, {{1, 8, 16, 128}, 11}};
+  uint64_t seed = 10700;
+  for (const Case& c : cases) {
+    std::vector<int> lengths;
+    for (int b = 0; b < c.batch; ++b) lengths.push_back(1 + (b * 97 + 13) % 420);
+    const PagedSetup s = make_setup(c.shape, config("quant-k2v2", 4, 8), lengths, seed++, 0);
+    const auto q = random_queries(c.batch, c.shape, seed++, DType::kF32);
+    const double err = worst_row_error(gpu_attention(s, q, DType::kF32, DType::kF32, 0), cpu_attention(s, 0, q),
+                                       c.shape.head_dim);
+    std::printf("H %d Hq %d batch %d: worst row error %.2e\n", c.shape.n_kv_heads, c.shape.n_q_heads, c.batch, err);
+    EXPECT_LT(err, kAttentionTolF32) << "H " << c.shape.n_kv_heads << " batch " << c.batch;
+    check_dequantize(s, DType::kF16, "many heads / batch");
+  }
+}
+
+TEST(GpuCoverage, PlannedLengthLargerThanTheRealOne) {
+  const ModelShape shape{1, 2, 8, 128};
+  const PagedSetup s = make_setup(shape, config("quant-k2v2", 4, 8), {10, 300}, 10800, 0);
+  const auto q = random_queries(2, shape, 10801, DType::kF32);
+  const auto ref = cpu_attention(s, 0, q);
+  for (int extra : {1, 1000, 50000}) {
+    AttentionRun run;
+    run.max_coded_len = s.dev->view.max_coded_len + extra;
+    run.with_status = true;
+    const double err = worst_row_error(gpu_attention(s, q, DType::kF32, DType::kF32, run), ref, 128);
+    EXPECT_LT(err, kAttentionTolF32) << "plan + " << extra;
+    EXPECT_EQ(run.status, 0u) << "plan + " << extra;
+  }
+  uint32_t word = 1;
+  check_dequantize(s, DType::kF16, "plan longer", s.dev->view.max_coded_len + 77, &word);
+  EXPECT_EQ(word, 0u);
+}
+
+TEST(GpuCoverage, SequenceBeyondThePlanIsFlaggedNotTruncated) {
+  const ModelShape shape{1, 2, 8, 128};
+  // Coded lengths 16 and 400 (flush 1, 4 sinks in the window): plan for 300 tokens.
+  const PagedSetup s = make_setup(shape, config("quant-k2v2", 0, 1), {20, 404}, 10900, 0);
+  ASSERT_EQ(s.dev->view.max_coded_len, 400);
+  const auto q = random_queries(2, shape, 10901, DType::kF32);
+  const auto ref = cpu_attention(s, 0, q);
+  for (int split : {0, 64}) {
+    AttentionRun run;
+    run.split_tokens = split;
+    run.max_coded_len = 300;  // 5 splits of 64 either way (the automatic minimum): 320 tokens, not 400
+    run.with_status = true;
+    const auto got = gpu_attention(s, q, DType::kF32, DType::kF32, run);
+    EXPECT_EQ(run.status, static_cast<uint32_t>(cuda::kDeviceStatusBeyondPlan)) << "split " << split;
+    EXPECT_EQ(cuda::device_status(run.status), Status::kBeyondPlan);
+    const size_t row = static_cast<size_t>(shape.n_q_heads) * 128;
+    // Sequence 0 fits: correct. Sequence 1 does not: every element NaN, never a truncated softmax.
+    EXPECT_LT(worst_row_error(std::vector<float>(got.begin(), got.begin() + row),
+                              std::vector<float>(ref.begin(), ref.begin() + row), 128),
+              kAttentionTolF32);
+    EXPECT_TRUE(std::all_of(got.begin() + row, got.end(), [](float x) { return std::isnan(x); }));
+  }
+  uint32_t word = 0;
+  check_dequantize(s, DType::kF16, "beyond plan", 300, &word);  // writes the first 300 tokens only
+  EXPECT_EQ(word, static_cast<uint32_t>(cuda::kDeviceStatusBeyondPlan));
+}
+
+TEST(GpuCoverage, UnalignedBuffersUseTheScalarFallbacks) {
+  const ModelShape shape{1, 2, 8, 128};
+  const PagedSetup s = make_setup(shape, config("quant-k3v2", 8, 16), {30, 250}, 11000, 0);
+  ASSERT_GT(s.paged.window_lens[1], 0);  // the window split reads the moved window buffers
+  for (DType t : {DType::kF16, DType::kF32, DType::kBF16}) {
+    const auto q = random_queries(2, shape, 11001, t);
+    const auto aligned = gpu_attention(s, q, t, t, 0);
+    AttentionRun run;
+    run.q_offset = 1;  // 2 or 4 bytes past a 16-byte boundary
+    run.out_offset = 3;
+    run.window_offset = 1;
+    const auto moved = gpu_attention(s, q, t, t, run);
+    EXPECT_EQ(moved, aligned) << "dtype " << to_string(t);  // same arithmetic, only the loads differ
+    EXPECT_LT(worst_row_error(moved, cpu_attention(s, 0, q), 128), tolerance_for(t));
+  }
+}
+
+TEST(GpuCoverage, MisalignedPoolsAndWorkspacesAreRefused) {
+  const ModelShape shape{1, 2, 8, 128};
+  const PagedSetup s = make_setup(shape, config("quant-k2v2", 0, 1), {20}, 11100, 0);
+  DeviceBuffer<float> dq(8 * 128), dout(8 * 128);
+  cuda::DecodeAttentionParams p = attention_params(s, dq.get(), DType::kF32, dout.get(), DType::kF32, 0);
+  size_t ws_bytes = 0;
+  E8KV_STATUS_OK(cuda::decode_attention_workspace_bytes(p, &ws_bytes));
+  DeviceBuffer<uint8_t> ws(ws_bytes + 16);
+  EXPECT_EQ(cuda::paged_decode_attention(p, ws.get() + 16, ws_bytes, nullptr), Status::kSuccess);
+  EXPECT_EQ(cuda::paged_decode_attention(p, ws.get() + 4, ws_bytes, nullptr), Status::kMisaligned);
+  cuda::DecodeAttentionParams q = p;
+  q.cache.pool = s.dev->view.pool + 8;
+  EXPECT_EQ(cuda::paged_decode_attention(q, ws.get(), ws_bytes, nullptr), Status::kMisaligned);
+  DeviceBuffer<uint32_t> status(2);
+  q = p;
+  q.status = reinterpret_cast<uint32_t*>(reinterpret_cast<uint8_t*>(status.get()) + 2);
+  EXPECT_EQ(cuda::paged_decode_attention(q, ws.get(), ws_bytes, nullptr), Status::kMisaligned);
+  cuda::DequantizeParams dp;
+  DeviceBuffer<uint16_t> kout(20 * 2 * 128);
+  DeviceBuffer<int64_t> indptr;
+  indptr.upload({0});
+  dp.codec = s.tables->params;
+  dp.cache = s.dev->view;
+  dp.cache.pool = s.dev->view.pool + 8;
+  dp.keys_out = kout.get();
+  dp.out_indptr = indptr.get();
+  dp.out_token_stride = 2 * 128;
+  dp.out_head_stride = 128;
+  EXPECT_EQ(cuda::paged_dequantize(dp, nullptr), Status::kMisaligned);
+  E8KV_CUDA_OK(cudaDeviceSynchronize());
+}
+
+TEST(GpuCoverage, AutomaticPlanFitsOneWaveOfTheDevice) {
+  const ModelShape shape{1, 8, 32, 128};  // 8 KV heads, GQA 4
+  std::vector<int> lengths(8, 2000);
+  const PagedSetup s = make_setup(shape, config("quant-k2v2", 4, 8), lengths, 11200, 0);
+  DeviceBuffer<float> dq(8 * 32 * 128), dout(8 * 32 * 128);
+  cuda::DecodeAttentionParams p = attention_params(s, dq.get(), DType::kF32, dout.get(), DType::kF32, 0);
+  const int slots = cuda::decode_attention_slots(p);
+  int sms = 0;
+  E8KV_CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  std::printf("device slots for split<128, E8P>: %d (%d SMs)\n", slots, sms);
+  ASSERT_GE(slots, sms);
+  ASSERT_EQ(slots % sms, 0);
+  int chunk = 0;
+  const int splits = cuda::decode_attention_splits(p, &chunk);
+  const int64_t rows = 8 * 8;  // batch x KV heads x one query chunk
+  EXPECT_LE(rows * (splits + 1), std::max<int64_t>(slots, rows * 2)) << "more CTAs than one wave";
+  const cuda::SplitPlan expect = cuda::plan_decode_splits(p.cache.max_coded_len, rows, slots, true, 0);
+  EXPECT_EQ(splits, expect.splits);
+  EXPECT_EQ(chunk, expect.chunk);
+  // An explicit slot budget is used as given.
+  p.sm_slots = 1000;
+  EXPECT_EQ(cuda::decode_attention_splits(p, &chunk), cuda::plan_decode_splits(p.cache.max_coded_len, rows, 1000, true, 0).splits);
+  // And the output is right with the automatic plan.
+  const auto q = random_queries(8, shape, 11201, DType::kF32);
+  EXPECT_LT(worst_row_error(gpu_attention(s, q, DType::kF32, DType::kF32, 0), cpu_attention(s, 0, q), 128),
+            kAttentionTolF32);
 }
 
 }  // namespace

@@ -5,8 +5,11 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
+#include <string>
+#include <utility>
 #include <random>
 #include <vector>
 
@@ -101,7 +104,9 @@ std::vector<float> make_inputs(std::mt19937_64& rng, int n, int H, int d, bool a
   return x;
 }
 
-void run_encode_case(const EncodeCase& c, bool adversarial, uint64_t seed) {
+// input_offset: the K/V buffers start this many elements past an aligned allocation (the
+// kernel's scalar-load fallback must give the same bytes).
+void run_encode_case(const EncodeCase& c, bool adversarial, uint64_t seed, int input_offset = 0) {
   SCOPED_TRACE("d " + std::to_string(c.head_dim) + " key " + quant::to_string(c.key) + " value " +
                quant::to_string(c.value) + " pre_rope " + std::to_string(c.pre_rope) + " center " +
                std::to_string(c.center) + " dtype " + to_string(c.dtype) +
@@ -184,8 +189,14 @@ void run_encode_case(const EncodeCase& c, bool adversarial, uint64_t seed) {
 
   DeviceBuffer<uint8_t> pool(expect.size()), dk, dv;
   pool.fill_bytes(kPoison);
-  dk.upload(pack_as(to_layout(k), c.dtype));
-  dv.upload(pack_as(to_layout(v), c.dtype));
+  auto padded = [&](const std::vector<float>& x) {
+    std::vector<uint8_t> bytes(static_cast<size_t>(input_offset) * dtype_size(c.dtype), 0);
+    const std::vector<uint8_t> packed = pack_as(to_layout(x), c.dtype);
+    bytes.insert(bytes.end(), packed.begin(), packed.end());
+    return bytes;
+  };
+  dk.upload(padded(k));
+  dv.upload(padded(v));
   DeviceBuffer<int32_t> dpos, dseq;
   DeviceBuffer<int64_t> dslots;
   DeviceBuffer<uint16_t> dmeans;
@@ -199,9 +210,10 @@ void run_encode_case(const EncodeCase& c, bool adversarial, uint64_t seed) {
   p.layout = L;
   p.pool = pool.get();
   p.n_tokens = n;
-  p.keys = dk.get();
-  p.values = dv.get();
+  p.keys = dk.get() + static_cast<size_t>(input_offset) * dtype_size(c.dtype);
+  p.values = dv.get() + static_cast<size_t>(input_offset) * dtype_size(c.dtype);
   p.dtype = c.dtype;
+  p.n_pages = table.n_pages;
   p.token_stride = c.hnd ? d : static_cast<int64_t>(H) * d;
   p.head_stride = c.hnd ? static_cast<int64_t>(n) * d : d;
   p.positions = dpos.get();
@@ -250,6 +262,153 @@ TEST(GpuPagedEncode, AdversarialInputsAreByteIdenticalToo) {
   for (const EncodeCase& c : kCases) run_encode_case(c, true, seed++);
 }
 
+TEST(GpuPagedEncode, UnalignedInputsGiveTheSameBytes) {
+  uint64_t seed = 8300;
+  for (const EncodeCase& c : kCases) run_encode_case(c, false, seed++, 1);  // 2 or 4 bytes off
+}
+
+// compress() on f32 input, then to_paged: the pool bytes an engine would get from the CPU. The
+// GPU encoder, given the same f32 tokens, positions, slots and means, must write the same codes,
+// gains and positions (it rounds the inputs to fp16 first, as compress() does).
+TEST(GpuPagedEncode, F32AndBf16InputsGiveTheCodesOfCompress) {
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    for (const char* preset : {"quant-k2v2", "quant-k3v3"}) {
+      SCOPED_TRACE(std::string(preset) + " " + to_string(dtype));
+      const ModelShape shape{1, 2, 4, 128};
+      Config cfg = Config::preset(preset);
+      cfg.gain_bits = 16;
+      cfg.query_weighted_keys = false;
+      cfg.residual_length = 0;
+      cfg.flush_block = 1;
+      cfg.mean_tokens = 8;
+      const std::vector<int> lengths = {40, 123};
+      ReferenceBatch ref = make_reference_batch(shape, cfg, lengths, 8400 + static_cast<uint64_t>(dtype));
+      if (dtype == DType::kBF16)  // the engine's bf16 tensors: the CPU reference compresses their exact floats
+        for (auto& d : ref.data)
+          for (auto* kv : {&d.keys[0], &d.values[0]})
+            for (float& x : *kv) x = bf16_bits_to_float(float_to_bf16_bits(x));
+      if (dtype == DType::kBF16) {
+        ref.caches.clear();
+        for (size_t b = 0; b < lengths.size(); ++b) {
+          SequenceKV seq;
+          seq.layers.push_back({TensorView::nhd(ref.data[b].keys[0].data(), DType::kF32, lengths[b], 2, 128),
+                                TensorView::nhd(ref.data[b].values[0].data(), DType::kF32, lengths[b], 2, 128)});
+          ref.caches.push_back(ref.compressor->compress(seq));
+        }
+      }
+      PagedOptions opt;
+      opt.shuffle_seed = 8401;
+      const PagedLayer expect = to_paged(ref.pointers(), 0, opt);
+      const PagedLayout& L = expect.layout;
+      const int H = 2, d = 128;
+      // The coded tokens of every sequence, in order: their positions (= input rows), slots, sequence.
+      std::vector<float> k, v;
+      std::vector<int32_t> positions, token_seq;
+      std::vector<int64_t> slots;
+      for (size_t b = 0; b < lengths.size(); ++b) {
+        const auto& pos = ref.caches[b].positions(0, 0);
+        for (size_t t = 0; t < pos.size(); ++t) {
+          const float* kr = &ref.data[b].keys[0][static_cast<size_t>(pos[t]) * H * d];
+          const float* vr = &ref.data[b].values[0][static_cast<size_t>(pos[t]) * H * d];
+          k.insert(k.end(), kr, kr + H * d);
+          v.insert(v.end(), vr, vr + H * d);
+          positions.push_back(pos[t]);
+          token_seq.push_back(static_cast<int32_t>(b));
+          slots.push_back(expect.table.slot(static_cast<int>(b), static_cast<int64_t>(t)));
+        }
+      }
+      const int n = static_cast<int>(positions.size());
+      ASSERT_GT(n, 100);
+      DeviceCodecTables tables(ref.caches[0].codecs(), 0);
+      DeviceBuffer<uint8_t> pool(expect.pool.size()), dk, dv;
+      pool.fill_bytes(0);
+      dk.upload(pack_as(k, dtype));
+      dv.upload(pack_as(v, dtype));
+      DeviceBuffer<int32_t> dpos, dseq;
+      DeviceBuffer<int64_t> dslots;
+      DeviceBuffer<uint16_t> dmeans;
+      dpos.upload(positions);
+      dseq.upload(token_seq);
+      dslots.upload(slots);
+      dmeans.upload(expect.means);
+      cuda::EncodeParams p;
+      p.codec = tables.params;
+      p.layout = L;
+      p.pool = pool.get();
+      p.n_tokens = n;
+      p.keys = dk.get();
+      p.values = dv.get();
+      p.dtype = dtype;
+      p.token_stride = H * d;
+      p.head_stride = d;
+      p.positions = dpos.get();
+      p.slot_mapping = dslots.get();
+      p.means = dmeans.get();
+      p.token_seq = dseq.get();
+      p.n_pages = expect.table.n_pages;
+      E8KV_STATUS_OK(cuda::paged_encode(p, nullptr));
+      E8KV_CUDA_OK(cudaDeviceSynchronize());
+      const std::vector<uint8_t> got = pool.download();
+      size_t compared = 0, mismatches = 0;
+      for (int j = 0; j < n; ++j) {
+        const size_t page = static_cast<size_t>(slots[static_cast<size_t>(j)] / L.page_tokens) * static_cast<size_t>(L.page_bytes);
+        const int sl = static_cast<int>(slots[static_cast<size_t>(j)] % L.page_tokens);
+        for (int h = 0; h < H; ++h) {
+          const std::pair<int64_t, int32_t> fields[] = {{L.key_code_offset(h, sl), L.key_code_bytes},
+                                                        {L.key_gain_offset(h, sl), L.key_gain_bytes},
+                                                        {L.value_code_offset(h, sl), L.value_code_bytes},
+                                                        {L.value_gain_offset(h, sl), L.value_gain_bytes},
+                                                        {L.position_offset(h, sl), 4}};
+          for (const auto& [off, len] : fields)
+            for (int32_t i = 0; i < len; ++i) {
+              ++compared;
+              mismatches += got[page + static_cast<size_t>(off + i)] != expect.pool[page + static_cast<size_t>(off + i)];
+            }
+        }
+      }
+      EXPECT_EQ(mismatches, 0u) << "of " << compared << " bytes";
+    }
+  }
+}
+
+TEST(GpuPagedEncode, SlotsOutsideThePoolAreFlaggedNotWritten) {
+  EncodeCase c = kCases[0];
+  const CacheCodecs codecs(layout_for(c, 2));
+  DeviceCodecTables tables(codecs, 0);
+  const PagedLayout L = paged_layout_for(codecs, 0, 16);
+  DeviceBuffer<uint8_t> pool(static_cast<size_t>(L.page_bytes) * 2);  // page 1 is a guard page
+  pool.fill_bytes(kPoison);
+  DeviceBuffer<uint16_t> x(3 * 2 * 128);
+  x.fill_bytes(0x3C);  // fp16 ~1.06
+  DeviceBuffer<int32_t> pos;
+  pos.upload({0, 1, 2});
+  DeviceBuffer<int64_t> slot;
+  slot.upload({0, 16, 1});  // the middle token points past a 1-page pool
+  DeviceBuffer<uint32_t> status;
+  status.upload({0u});
+  cuda::EncodeParams p;
+  p.codec = tables.params;
+  p.layout = L;
+  p.pool = pool.get();
+  p.n_tokens = 3;
+  p.keys = x.get();
+  p.values = x.get();
+  p.dtype = DType::kF16;
+  p.token_stride = 256;
+  p.head_stride = 128;
+  p.positions = pos.get();
+  p.slot_mapping = slot.get();
+  p.n_pages = 1;
+  p.status = status.get();
+  E8KV_STATUS_OK(cuda::paged_encode(p, nullptr));
+  E8KV_CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_EQ(status.download()[0], static_cast<uint32_t>(cuda::kDeviceStatusSlotOutOfPool));
+  const auto bytes = pool.download();
+  EXPECT_TRUE(std::all_of(bytes.begin() + L.page_bytes, bytes.end(), [](uint8_t b) { return b == kPoison; }))
+      << "the guard page was written";
+  EXPECT_NE(bytes[static_cast<size_t>(L.key_code_offset(0, 1))], kPoison);  // slot 1 of page 0 was
+}
+
 TEST(GpuPagedEncode, UnsupportedCombinationsFailLoudly) {
   EncodeCase c = kCases[0];
   const CacheCodecs codecs(layout_for(c, 2));
@@ -295,6 +454,12 @@ TEST(GpuPagedEncode, UnsupportedCombinationsFailLoudly) {
   q = p;
   q.means = x.get();
   q.token_seq = nullptr;  // means without token_seq
+  EXPECT_EQ(cuda::paged_encode(q, nullptr), Status::kInvalidArgument);
+  q = p;
+  q.pool = pool.get() + 8;  // pools are read and written with 16-byte accesses
+  EXPECT_EQ(cuda::paged_encode(q, nullptr), Status::kMisaligned);
+  q = p;
+  q.n_pages = -1;
   EXPECT_EQ(cuda::paged_encode(q, nullptr), Status::kInvalidArgument);
   q = p;
   q.n_tokens = 0;

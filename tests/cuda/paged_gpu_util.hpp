@@ -1,5 +1,5 @@
 // Helpers for the paged KV GPU tests: RAII device buffers, a PagedLayer and its codec tables on
-// the device, reference caches built on the CPU. Included by tests/gpu/*_test.cu only.
+// the device, reference caches built on the CPU. Included by tests/cuda/*_test.cu only.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -130,8 +130,9 @@ struct ReferenceBatch {
   }
 };
 
+/// first_position: the position of every sequence's first token (positions run on from it).
 inline ReferenceBatch make_reference_batch(const ModelShape& shape, const Config& cfg, const std::vector<int>& lengths,
-                                           uint64_t seed) {
+                                           uint64_t seed, int32_t first_position = 0) {
   ReferenceBatch out;
   out.shape = shape;
   out.compressor = std::make_unique<KVCompressor>(shape, cfg);
@@ -148,6 +149,7 @@ inline ReferenceBatch make_reference_batch(const ModelShape& shape, const Config
   }
   for (size_t b = 0; b < lengths.size(); ++b) {
     SequenceKV seq;
+    seq.first_position = first_position;
     const auto& d = out.data[b];
     for (int l = 0; l < shape.n_layers; ++l)
       seq.layers.push_back({TensorView::nhd(d.keys[l].data(), DType::kF32, lengths[b], shape.n_kv_heads, shape.head_dim),
