@@ -1,14 +1,20 @@
 // e8kv-gpu-bench: CUDA-event timings of the paged KV kernels on the current device.
 //
-//   encode    paged_encode of a 32K-token fp16 prefill chunk (8 KV heads, d = 128), GB/s of fp16
-//             K+V input, beside a device-to-device cudaMemcpy of the same bytes in the same run
-//   decode    paged_decode_attention latency over contexts × batch × head_dim × GQA × codec
-//             (k2v2, k3v2 and fp16: our fp16 path through the same kernel skeleton); 8 KV heads,
-//             16-token pages, no residual window
+//   encode    paged_encode of a 32K-token fp16 prefill chunk (8 KV heads, d = 128; 128 MB of
+//             K+V, above the 60 MB L2), GB/s of fp16 K+V input, beside a device-to-device
+//             cudaMemcpy of the same bytes in the same run
+//   decode    paged_decode_attention latency over contexts × batch × head_dim × GQA × codec:
+//             k2v2 and k3v2 with pre-RoPE keys (the default), k2v2-post (post-RoPE keys), and
+//             fp16 (our fp16 path through the same kernel skeleton); 8 KV heads, 16-token pages,
+//             no residual window. Each call reads a different copy of the cache (copies rotate
+//             until they span 2 × 60 MB), so no measurement runs out of L2. Prints the split plan
+//             (splits × chunk, CTAs against the device's slots) and % of 4.3 TB/s (cache bytes
+//             per call / time).
 //   memory    device bytes of a 32K-token one-layer cache against CompressedKV::bytes()
 //
+// Every time is the median of individually timed calls (CUDA events) after warm-up calls.
 // Options: --quick (a small matrix), --csv FILE (one row per measurement), --iters-ms N (time
-// budget per measurement, default 40). Exits 77 without a device.
+// budget per measurement, default 15). Exits 77 without a device.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -47,7 +53,7 @@ using namespace e8kv;
   } while (0)
 
 FILE* g_csv = nullptr;
-double g_budget_ms = 40.0;
+double g_budget_ms = 15.0;
 
 template <class T>
 struct Dev {
@@ -63,45 +69,58 @@ struct Dev {
   void upload(const std::vector<T>& h) { BENCH_CUDA(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice)); }
 };
 
-/// Mean milliseconds per call of f over enough calls to fill the time budget (CUDA events).
+/// Median milliseconds of individually timed calls of f(i) (i counts the calls, for buffer
+/// rotation): 3 warm-up calls, then as many as fill the time budget (at least 9, at most 101).
 template <class F>
 double time_ms(F&& f) {
   cudaEvent_t a, b;
   BENCH_CUDA(cudaEventCreate(&a));
   BENCH_CUDA(cudaEventCreate(&b));
-  f();  // warm-up
+  int call = 0;
+  for (int i = 0; i < 3; ++i) f(call++);
   BENCH_CUDA(cudaEventRecord(a));
-  f();
+  f(call++);
   BENCH_CUDA(cudaEventRecord(b));
   BENCH_CUDA(cudaEventSynchronize(b));
   float one = 0.f;
   BENCH_CUDA(cudaEventElapsedTime(&one, a, b));
-  const int iters = std::clamp(static_cast<int>(g_budget_ms / std::max(one, 1e-3f)), 3, 200);
-  BENCH_CUDA(cudaEventRecord(a));
-  for (int i = 0; i < iters; ++i) f();
-  BENCH_CUDA(cudaEventRecord(b));
-  BENCH_CUDA(cudaEventSynchronize(b));
-  float total = 0.f;
-  BENCH_CUDA(cudaEventElapsedTime(&total, a, b));
+  const int iters = std::clamp(static_cast<int>(g_budget_ms / std::max(one, 1e-3f)), 9, 101);
+  std::vector<float> times(static_cast<size_t>(iters));
+  for (int i = 0; i < iters; ++i) {
+    BENCH_CUDA(cudaEventRecord(a));
+    f(call++);
+    BENCH_CUDA(cudaEventRecord(b));
+    BENCH_CUDA(cudaEventSynchronize(b));
+    BENCH_CUDA(cudaEventElapsedTime(&times[static_cast<size_t>(i)], a, b));
+  }
   BENCH_CUDA(cudaEventDestroy(a));
   BENCH_CUDA(cudaEventDestroy(b));
-  return static_cast<double>(total) / iters;
+  std::nth_element(times.begin(), times.begin() + iters / 2, times.end());
+  return static_cast<double>(times[static_cast<size_t>(iters / 2)]);
 }
 
+/// H200 HBM bandwidth the bench reports against (the issue's planning figure).
+constexpr double kHbmBytesPerS = 4.3e12;
+/// Copies of a decode cache rotate until they span this many bytes (the L2 is 60 MB).
+constexpr double kRotationBytes = 120e6;
+
 void csv_row(const char* bench, const char* codec, int d, int gqa, int batch, int ctx, double us, double gbps,
-             double baseline_us) {
+             double baseline_us, int splits = 0, int chunk = 0) {
   if (!g_csv) return;
-  std::fprintf(g_csv, "%s,%s,%d,%d,%d,%d,%.3f,%.2f,%.3f\n", bench, codec, d, gqa, batch, ctx, us, gbps, baseline_us);
+  std::fprintf(g_csv, "%s,%s,%d,%d,%d,%d,%.3f,%.2f,%.3f,%.2f,%d,%d\n", bench, codec, d, gqa, batch, ctx, us, gbps,
+               baseline_us, 100.0 * gbps * 1e9 / kHbmBytesPerS, splits, chunk);
   std::fflush(g_csv);
 }
 
 struct CodecChoice {
   const char* name;
   quant::Codec key, value;
+  bool pre_rope = true;
 };
-const CodecChoice kK2V2{"k2v2", quant::Codec::kE8P, quant::Codec::kE8P};
-const CodecChoice kK3V2{"k3v2", quant::Codec::kRvq3, quant::Codec::kE8P};
-const CodecChoice kFp16{"fp16", quant::Codec::kFp16, quant::Codec::kFp16};
+const CodecChoice kK2V2{"k2v2", quant::Codec::kE8P, quant::Codec::kE8P, true};
+const CodecChoice kK2V2Post{"k2v2-post", quant::Codec::kE8P, quant::Codec::kE8P, false};
+const CodecChoice kK3V2{"k3v2", quant::Codec::kRvq3, quant::Codec::kE8P, true};
+const CodecChoice kFp16{"fp16", quant::Codec::kFp16, quant::Codec::kFp16, false};
 
 CacheLayout layout_for(const CodecChoice& c, int kv_heads, int q_heads, int d) {
   CacheLayout L;
@@ -111,6 +130,7 @@ CacheLayout layout_for(const CodecChoice& c, int kv_heads, int q_heads, int d) {
   L.head_dim = d;
   L.key_codec = {c.key};
   L.value_codec = {c.value};
+  L.keys_pre_rope = c.pre_rope;
   L.rotation_seed = 42;
   return L;
 }
@@ -191,7 +211,7 @@ void bench_encode() {
   dslots.upload(slots);
   BENCH_CUDA(cudaMemset(dseq.p, 0, pos.size() * sizeof(int32_t)));
   BENCH_CUDA(cudaMemset(means.p, 0, means.n * sizeof(uint16_t)));
-  const double copy_ms = time_ms([&] {
+  const double copy_ms = time_ms([&](int) {
     BENCH_CUDA(cudaMemcpyAsync(copy.p, k.p, bytes, cudaMemcpyDeviceToDevice));
     BENCH_CUDA(cudaMemcpyAsync(copy.p + host.size(), v.p, bytes, cudaMemcpyDeviceToDevice));
   });
@@ -219,7 +239,7 @@ void bench_encode() {
     p.slot_mapping = dslots.p;
     p.means = means.p;
     p.token_seq = dseq.p;
-    const double ms = time_ms([&] { BENCH_STATUS(cuda::paged_encode(p, nullptr)); });
+    const double ms = time_ms([&](int) { BENCH_STATUS(cuda::paged_encode(p, nullptr)); });
     std::printf("  %-6s %10.1f %10.1f %12.3f\n", c.name, ms * 1e3, in_bytes / ms / 1e6, copy_ms / ms);
     csv_row("encode", c.name, d, 0, 1, T, ms * 1e3, in_bytes / ms / 1e6, copy_ms * 1e3);
   }
@@ -227,27 +247,26 @@ void bench_encode() {
 
 // ---- decode attention ---------------------------------------------------------------------------
 
-struct DecodeShape {
-  int ctx, batch, d, gqa;
-};
-
 void bench_decode(const std::vector<int>& contexts, const std::vector<int>& batches, const std::vector<int>& dims,
                   const std::vector<int>& gqas) {
   const int H = 8, P = 16;
-  // One pool for the largest configuration (fp16 at the largest context and batch).
-  size_t max_pool = 0;
+  const std::vector<CodecChoice> codecs = {kK2V2, kK2V2Post, kK3V2, kFp16};
+  const int max_ctx = *std::max_element(contexts.begin(), contexts.end());
+  const int max_batch = *std::max_element(batches.begin(), batches.end());
+  const int max_d = *std::max_element(dims.begin(), dims.end());
+  // One pool region for the largest configuration (fp16 at the largest context and batch, or
+  // the rotation span, whichever is larger): smaller caches rotate copies inside it.
+  size_t region = static_cast<size_t>(kRotationBytes) + 16;
   for (int d : dims) {
     const PagedLayout L = make_paged_layout(P, H, d, 0, 0, false);
-    max_pool = std::max(max_pool, static_cast<size_t>(*std::max_element(contexts.begin(), contexts.end()) / P) *
-                                      static_cast<size_t>(*std::max_element(batches.begin(), batches.end())) *
-                                      static_cast<size_t>(L.page_bytes));
+    region = std::max(region, static_cast<size_t>((max_ctx + P - 1) / P) * static_cast<size_t>(max_batch) *
+                                  static_cast<size_t>(L.page_bytes));
   }
-  Dev<uint8_t> pool(max_pool + 16);
-  const int max_batch = *std::max_element(batches.begin(), batches.end());
-  const int max_q = max_batch * H * *std::max_element(gqas.begin(), gqas.end()) * *std::max_element(dims.begin(), dims.end());
+  Dev<uint8_t> pool(region);
+  const int max_q = max_batch * H * *std::max_element(gqas.begin(), gqas.end()) * max_d;
   Dev<uint16_t> q(static_cast<size_t>(max_q)), out(static_cast<size_t>(max_q));
   // Centring means (CacheLayout::center is on by default): zeros, the work is the same.
-  Dev<uint16_t> means(static_cast<size_t>(max_batch) * H * 2 * *std::max_element(dims.begin(), dims.end()));
+  Dev<uint16_t> means(static_cast<size_t>(max_batch) * H * 2 * max_d);
   BENCH_CUDA(cudaMemset(means.p, 0, means.n * sizeof(uint16_t)));
   {
     std::mt19937_64 rng(2);
@@ -256,28 +275,34 @@ void bench_decode(const std::vector<int>& contexts, const std::vector<int>& batc
     for (auto& x : hq) x = float_to_fp16_bits(g(rng));
     q.upload(hq);
   }
-  std::printf("\ndecode attention: %d KV heads, %d-token pages, fp16 query and output, no window (latency per call)\n",
-              H, P);
-  std::printf("  %7s %5s %4s %4s %10s %10s %10s %9s %9s\n", "context", "batch", "d", "gqa", "k2v2_us", "k3v2_us",
-              "fp16_us", "k2v2/fp16", "k3v2/fp16");
+  std::printf("\ndecode attention: %d KV heads, %d-token pages, fp16 query and output, no window; median latency per "
+              "call, %% of %.1f TB/s = cache bytes / time; plan = splits x chunk tokens, CTAs / device slots\n",
+              H, P, kHbmBytesPerS / 1e12);
+  std::printf("  %7s %5s %4s %3s %-9s %10s %7s %9s %16s\n", "context", "batch", "d", "gqa", "codec", "median_us", "%HBM",
+              "vs_fp16", "plan");
   for (int d : dims)
     for (int gqa : gqas)
       for (int batch : batches)
         for (int ctx : contexts) {
-          double us[3] = {0, 0, 0};
-          int which = 0;
-          for (const CodecChoice& c : {kK2V2, kK3V2, kFp16}) {
-            const CacheCodecs codecs(layout_for(c, H, H * gqa, d));
-            Tables tables(codecs);
-            const PagedLayout L = paged_layout_for(codecs, 0, P);
+          double fp16_us = 0;
+          std::vector<std::string> lines;
+          for (const CodecChoice& c : codecs) {
+            const CacheCodecs cc(layout_for(c, H, H * gqa, d));
+            Tables tables(cc);
+            const PagedLayout L = paged_layout_for(cc, 0, P);
             const int pages_per_seq = (ctx + P - 1) / P;
             const int64_t n_pages = static_cast<int64_t>(pages_per_seq) * batch;
-            fill_random<<<1024, 256>>>(reinterpret_cast<uint32_t*>(pool.p), static_cast<size_t>(n_pages * L.page_bytes / 4), 7);
-            sanitize_slots<<<1024, 256>>>(pool.p, L, n_pages, c.key == quant::Codec::kFp16, c.value == quant::Codec::kFp16);
+            const double cache_bytes = static_cast<double>(n_pages) * static_cast<double>(L.page_bytes);
+            const int64_t copies = std::clamp<int64_t>(static_cast<int64_t>(std::ceil(kRotationBytes / cache_bytes)), 1,
+                                                       static_cast<int64_t>(region / static_cast<size_t>(L.page_bytes)) / n_pages);
+            const int64_t total_pages = copies * n_pages;
+            fill_random<<<1024, 256>>>(reinterpret_cast<uint32_t*>(pool.p), static_cast<size_t>(total_pages * L.page_bytes / 4), 7);
+            sanitize_slots<<<1024, 256>>>(pool.p, L, total_pages, c.key == quant::Codec::kFp16, c.value == quant::Codec::kFp16);
             BENCH_CUDA(cudaGetLastError());
-            std::vector<int32_t> indptr(static_cast<size_t>(batch) + 1), indices(static_cast<size_t>(n_pages)), lens(static_cast<size_t>(batch), ctx);
+            std::vector<int32_t> indptr(static_cast<size_t>(batch) + 1), indices(static_cast<size_t>(total_pages)),
+                lens(static_cast<size_t>(batch), ctx);
             for (int b = 0; b <= batch; ++b) indptr[static_cast<size_t>(b)] = b * pages_per_seq;
-            for (int64_t i = 0; i < n_pages; ++i) indices[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+            for (int64_t i = 0; i < total_pages; ++i) indices[static_cast<size_t>(i)] = static_cast<int32_t>(i);
             Dev<int32_t> dindptr(indptr.size()), dindices(indices.size()), dlens(lens.size());
             dindptr.upload(indptr);
             dindices.upload(indices);
@@ -300,13 +325,31 @@ void bench_decode(const std::vector<int>& contexts, const std::vector<int>& batc
             size_t ws_bytes = 0;
             BENCH_STATUS(cuda::decode_attention_workspace_bytes(p, &ws_bytes));
             Dev<uint8_t> ws(ws_bytes);
-            const double ms = time_ms([&] { BENCH_STATUS(cuda::paged_decode_attention(p, ws.p, ws_bytes, nullptr)); });
-            us[which++] = ms * 1e3;
-            const double cache_bytes = static_cast<double>(n_pages) * L.page_bytes;
-            csv_row("decode", c.name, d, gqa, batch, ctx, ms * 1e3, cache_bytes / ms / 1e6, 0.0);
+            int chunk = 0;
+            const int splits = cuda::decode_attention_splits(p, &chunk);
+            const int slots = cuda::decode_attention_slots(p);
+            const int64_t ctas = static_cast<int64_t>(batch) * H * ((gqa + 7) / 8) * (splits + 1);
+            const double ms = time_ms([&](int call) {
+              cuda::DecodeAttentionParams pc = p;  // copy call % copies: its own page indices
+              pc.cache.page_indices = dindices.p + (call % copies) * n_pages;
+              BENCH_STATUS(cuda::paged_decode_attention(pc, ws.p, ws_bytes, nullptr));
+            });
+            const double us = ms * 1e3, gbps = cache_bytes / ms / 1e6;
+            if (c.key == quant::Codec::kFp16) fp16_us = us;
+            csv_row("decode", c.name, d, gqa, batch, ctx, us, gbps, 0.0, splits, chunk);
+            char plan[64], line[256];
+            std::snprintf(plan, sizeof plan, "%dx%d %lld/%d", splits, chunk, static_cast<long long>(ctas), slots);
+            std::snprintf(line, sizeof line, "  %7d %5d %4d %3d %-9s %10.1f %6.1f%%", ctx, batch, d, gqa, c.name, us,
+                          100.0 * gbps * 1e9 / kHbmBytesPerS);
+            lines.push_back(std::string(line) + "|" + plan + "|" + std::to_string(us));
           }
-          std::printf("  %7d %5d %4d %4d %10.1f %10.1f %10.1f %9.2f %9.2f\n", ctx, batch, d, gqa, us[0], us[1], us[2],
-                      us[2] / us[0], us[2] / us[1]);
+          for (const std::string& l : lines) {  // the fp16 row is timed last: ratios printed after it
+            const size_t bar = l.find('|'), bar2 = l.rfind('|');
+            const double us = std::atof(l.c_str() + bar2 + 1);
+            std::printf("%s %8.2fx %16s\n", l.substr(0, bar).c_str(), fp16_us > 0 ? fp16_us / us : 0.0,
+                        l.substr(bar + 1, bar2 - bar - 1).c_str());
+          }
+          std::fflush(stdout);
         }
 }
 
@@ -422,7 +465,7 @@ int main(int argc, char** argv) {
     std::printf("no usable CUDA device: skipping\n");
     return 77;
   }
-  std::vector<int> contexts = {4096, 16384, 32768, 131072}, batches = {1, 8, 32}, dims = {64, 128}, gqas = {4, 8};
+  std::vector<int> contexts = {4096, 16384, 32768, 131072}, batches = {1, 8, 32}, dims = {128}, gqas = {4, 8};
   bool do_encode = true, do_decode = true, do_memory = true;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -444,7 +487,7 @@ int main(int argc, char** argv) {
         std::perror("--csv");
         return 2;
       }
-      std::fprintf(g_csv, "bench,codec,head_dim,gqa,batch,context,time_us,gbps,baseline_us\n");
+      std::fprintf(g_csv, "bench,codec,head_dim,gqa,batch,context,time_us,gbps,baseline_us,pct_hbm,splits,chunk\n");
     } else if (a == "--iters-ms") {
       g_budget_ms = std::atof(next());
     } else if (a == "--contexts") {
