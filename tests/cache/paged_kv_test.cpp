@@ -6,12 +6,16 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <random>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "e8kv/compressor.hpp"
+#include "e8kv/numeric/half.hpp"
+#include "e8kv/quant/kv_vector_codec.hpp"
 #include "testing/synthetic_kv.hpp"
 #include "testing/test_util.hpp"
 
@@ -173,6 +177,186 @@ TEST(PagedKV, RoundTripOfARaggedBatch) {
         }
       }
     }
+  }
+}
+
+// The CPU twin of tests/cuda/decode_attention_test's coverage cases: attention computed by
+// reading only what the kernels read (the pool through the block table at PagedLayout's offsets,
+// the window buffers, the means) must reproduce CompressedKV::attend, for every layout variant
+// the GPU tests use: Rvq3/Rvq4 values, interleaved and partial RoPE, per-head positions, page
+// sizes 1-48, positions beyond 2^20, post-RoPE keys, more heads, GQA up to 12, batch 13.
+std::vector<float> attend_from_pages(const PagedLayer& pl, const CacheCodecs& codecs, int b, const float* q, int q_heads) {
+  const PagedLayout& L = pl.layout;
+  const int H = L.kv_heads, d = L.head_dim, G = q_heads / H;
+  const CacheLayout& CL = codecs.layout();
+  const float scale = CL.effective_softmax_scale();
+  const int coded = pl.table.coded_lens[static_cast<size_t>(b)];
+  const int window = pl.window_lens[static_cast<size_t>(b)];
+  std::vector<float> out(static_cast<size_t>(q_heads) * d, 0.f);
+  for (int h = 0; h < H; ++h) {
+    // Every token of this head as (key, value) floats in the engine basis.
+    std::vector<float> keys, values;
+    for (int t = 0; t < coded; ++t) {
+      const int64_t slot = pl.table.slot(b, t);
+      const uint8_t* page = pl.pool.data() + slot / L.page_tokens * L.page_bytes;
+      const int s = static_cast<int>(slot % L.page_tokens);
+      int32_t pos = 0;
+      uint16_t kg = 0, vg = 0;
+      std::memcpy(&pos, page + L.position_offset(h, s), 4);
+      if (L.key_gain_bytes) std::memcpy(&kg, page + L.key_gain_offset(h, s), 2);
+      if (L.value_gain_bytes) std::memcpy(&vg, page + L.value_gain_offset(h, s), 2);
+      std::vector<float> k(static_cast<size_t>(d)), v(static_cast<size_t>(d));
+      codecs.decode_key(0, h, page + L.key_code_offset(h, s), kg, pos, k.data());
+      codecs.decode_value(0, h, page + L.value_code_offset(h, s), vg, v.data());
+      if (!pl.means.empty()) {  // + R(pos)·μ_k (μ_k post-RoPE) and μ_v for block-coded kinds
+        std::vector<float> mk(static_cast<size_t>(d)), mv(static_cast<size_t>(d));
+        for (int i = 0; i < d; ++i) {
+          mk[static_cast<size_t>(i)] = fp16_bits_to_float(pl.means[((static_cast<size_t>(b) * H + h) * 2 + 0) * d + i]);
+          mv[static_cast<size_t>(i)] = fp16_bits_to_float(pl.means[((static_cast<size_t>(b) * H + h) * 2 + 1) * d + i]);
+        }
+        if (CL.keys_pre_rope && L.key_gain_bytes) quant::rope_table_rotate(mk.data(), codecs.key_rope_view(), pos, false);
+        for (int i = 0; i < d; ++i) {
+          if (L.key_gain_bytes) k[static_cast<size_t>(i)] += mk[static_cast<size_t>(i)];
+          if (L.value_gain_bytes) v[static_cast<size_t>(i)] += mv[static_cast<size_t>(i)];
+        }
+      }
+      keys.insert(keys.end(), k.begin(), k.end());
+      values.insert(values.end(), v.begin(), v.end());
+    }
+    for (int t = 0; t < window; ++t)
+      for (int i = 0; i < d; ++i) {
+        const size_t at = static_cast<size_t>(b * pl.window_seq_stride() + h * pl.window_head_stride() +
+                                              t * pl.window_token_stride() + i);
+        keys.push_back(fp16_bits_to_float(pl.window_keys[at]));
+        values.push_back(fp16_bits_to_float(pl.window_values[at]));
+      }
+    const size_t n = keys.size() / static_cast<size_t>(d);
+    for (int g = 0; g < G; ++g) {
+      const float* qh = q + static_cast<size_t>(h * G + g) * d;
+      std::vector<double> logit(n);
+      double mx = -INFINITY;
+      for (size_t t = 0; t < n; ++t) {
+        double dot = 0;
+        for (int i = 0; i < d; ++i) dot += static_cast<double>(qh[i]) * keys[t * d + static_cast<size_t>(i)];
+        logit[t] = dot * scale;
+        mx = std::max(mx, logit[t]);
+      }
+      double sum = 0;
+      std::vector<double> acc(static_cast<size_t>(d), 0.0);
+      for (size_t t = 0; t < n; ++t) {
+        const double p = std::exp(logit[t] - mx);
+        sum += p;
+        for (int i = 0; i < d; ++i) acc[static_cast<size_t>(i)] += p * values[t * d + static_cast<size_t>(i)];
+      }
+      for (int i = 0; i < d; ++i)
+        out[static_cast<size_t>(h * G + g) * d + i] = sum > 0 ? static_cast<float>(acc[static_cast<size_t>(i)] / sum) : 0.f;
+    }
+  }
+  return out;
+}
+
+TEST(PagedKV, ReadingThePagesReproducesAttend) {
+  struct Case {
+    const char* what;
+    ModelShape shape;
+    const char* preset;
+    int page_tokens;
+    bool pre_rope = true;
+    transform::RopeLayout rope_layout = transform::RopeLayout::kSplitHalf;
+    int rotary_dim = 0;
+    bool per_head = false;
+    int32_t first_position = 0;
+    int batch = 3;
+  };
+  std::vector<Case> cases = {
+      {"rvq3 values", {1, 2, 8, 128}, "quant-k3v3", 16},
+      {"rvq4 values post-RoPE", {1, 2, 8, 128}, "quant-k4v4", 16, false},
+      {"interleaved", {1, 2, 8, 128}, "quant-k3v2", 16, true, transform::RopeLayout::kInterleaved},
+      {"interleaved partial", {1, 2, 8, 128}, "quant-k3v2", 16, true, transform::RopeLayout::kInterleaved, 96},
+      {"split-half partial", {1, 2, 8, 64}, "quant-k2v2", 16, true, transform::RopeLayout::kSplitHalf, 32},
+      {"page 1", {1, 2, 8, 128}, "quant-k2v2", 1},
+      {"page 3", {1, 2, 8, 128}, "quant-k2v2", 3},
+      {"page 48", {1, 2, 8, 128}, "quant-k2v2", 48},
+      {"positions >= 2^20", {1, 2, 8, 128}, "quant-k4v4", 16, true, transform::RopeLayout::kSplitHalf, 0, false,
+       (1 << 20) + 12345},
+      {"per-head positions", {1, 4, 8, 128}, "quant-k2v2", 16, true, transform::RopeLayout::kSplitHalf, 0, true},
+      {"8 KV heads", {1, 8, 32, 128}, "quant-k2v2", 16},
+      {"GQA 12", {1, 2, 24, 128}, "quant-k3v2", 16},
+      {"batch 13", {1, 2, 6, 64}, "quant-k2v2", 16, true, transform::RopeLayout::kSplitHalf, 0, false, 0, 13},
+  };
+  uint64_t seed = 620;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    Config cfg = Config::preset(c.preset);
+    cfg.gain_bits = 16;
+    cfg.query_weighted_keys = false;
+    cfg.residual_length = 4;
+    cfg.flush_block = 8;
+    cfg.mean_tokens = 16;
+    cfg.keys_pre_rope = c.pre_rope;
+    cfg.rope.layout = c.rope_layout;
+    cfg.rope.rotary_dim = c.rotary_dim;
+    if (c.per_head) {
+      cfg.eviction_rate = 0.35;
+      cfg.scorer = select::ScorerKind::kKeyNorm;
+      cfg.per_head_selection = true;
+      cfg.recent_window = 8;
+    }
+    KVCompressor compressor(c.shape, cfg);
+    std::vector<synth::SyntheticKV> data;
+    std::vector<CompressedKV> caches;
+    for (int b = 0; b < c.batch; ++b) {
+      synth::SyntheticSpec sp;
+      sp.n_layers = 1;
+      sp.n_kv_heads = c.shape.n_kv_heads;
+      sp.n_q_heads = c.shape.n_q_heads;
+      sp.head_dim = c.shape.head_dim;
+      sp.tokens = 3 + (b * 131 + 57) % 400;
+      sp.obs_window = 4;
+      sp.seed = seed + 17 * static_cast<uint64_t>(b);
+      data.push_back(synth::make_synthetic_kv(sp));
+      SequenceKV seq;
+      seq.first_position = c.first_position;
+      seq.layers.push_back({TensorView::nhd(data.back().keys[0].data(), DType::kF32, sp.tokens, sp.n_kv_heads, sp.head_dim),
+                            TensorView::nhd(data.back().values[0].data(), DType::kF32, sp.tokens, sp.n_kv_heads, sp.head_dim)});
+      caches.push_back(compressor.compress(seq));
+    }
+    ++seed;
+    std::vector<const CompressedKV*> in;
+    for (const auto& x : caches) in.push_back(&x);
+    PagedOptions opt;
+    opt.page_tokens = c.page_tokens;
+    opt.shuffle_seed = seed;
+    opt.spare_pages = 2;
+    opt.pool_fill = 0xFF;
+    const PagedLayer pl = to_paged(in, 0, opt);
+    EXPECT_EQ(pl.layout.position_sets, c.per_head ? c.shape.n_kv_heads : 1);
+    if (c.per_head) {
+      EXPECT_NE(caches.back().positions(0, 0), caches.back().positions(0, 1)) << "the heads' sets should differ";
+    }
+    if (c.first_position > 0) {
+      EXPECT_GE(caches.back().positions(0, 0).back(), 1 << 20);
+    }
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> gauss(0.f, 2.f);
+    double worst = 0;
+    for (int b = 0; b < c.batch; ++b) {
+      std::vector<float> q(static_cast<size_t>(c.shape.n_q_heads) * c.shape.head_dim);
+      for (auto& x : q) x = gauss(rng);
+      std::vector<float> ref(q.size());
+      caches[static_cast<size_t>(b)].attend(0, q.data(), 0, ref.data());
+      const std::vector<float> got = attend_from_pages(pl, caches[0].codecs(), b, q.data(), c.shape.n_q_heads);
+      for (int r = 0; r < c.shape.n_q_heads; ++r) {
+        double err = 0, mag = 0;
+        for (int i = 0; i < c.shape.head_dim; ++i) {
+          const size_t at = static_cast<size_t>(r) * c.shape.head_dim + static_cast<size_t>(i);
+          err = std::max(err, std::fabs(static_cast<double>(got[at]) - ref[at]));
+          mag = std::max(mag, std::fabs(static_cast<double>(ref[at])));
+        }
+        worst = std::max(worst, mag > 0 ? err / mag : err);
+      }
+    }
+    EXPECT_LT(worst, 2e-4) << c.what;  // the GPU tests' fp32 tolerance
   }
 }
 
