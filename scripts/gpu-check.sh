@@ -30,7 +30,9 @@
 # Environment: E8KV_GPU_ARCH (sm_90), E8KV_GPU_CHECK_JOBS (nproc), E8KV_GPU_CHECK_DIR (build
 # folder, build/gpu-check), E8KV_GPU_DEPS (build/gpu-deps), E8KV_GPU_CHECK_BUDGET (290),
 # E8KV_GPU_CHECK_BUILD_CAP (130 s; the whole budget with BUILD_ONLY), E8KV_GPU_CHECK_BUILD_ONLY=1
-# (stop after the build: checks the script on a build host without a GPU, slower than the device).
+# (stop after the build: checks the script on a build host without a GPU, slower than the device),
+# E8KV_GPU_CHECK_REUSE=1 (a rerun on the same, still warm machine: keep the binaries of the last
+# build when they all exist, and spend the build's time on the other steps).
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -94,51 +96,65 @@ elif [ ! -f /usr/include/gtest/gtest.h ]; then
   say "GoogleTest not found: tests skipped (run 'scripts/gpu-check.sh --prepare' on the build host, carry build/gpu-deps)"
 fi
 BUILD_LOG="$B/build-full.log"
-: > "$BUILD_LOG"
-BUILD_CAP="${E8KV_GPU_CHECK_BUILD_CAP:-$([ -n "${E8KV_GPU_CHECK_BUILD_ONLY:-}" ] && echo "$BUDGET" || echo 130)}"
-BUILD_DEADLINE=$(( $(date +%s) + $(allot "$BUILD_CAP") ))
-compile() {  # compile <object> <compiler> <args...>: in the background (at most $JOBS at once), logged
-  local obj="$1"; shift
-  while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
-  local t=$(( BUILD_DEADLINE - $(date +%s) )); [ "$t" -lt 1 ] && t=1
-  ( timeout "$t" "$@" -c -o "$obj" >> "$BUILD_LOG" 2>&1 || echo "FAILED: $obj" >> "$BUILD_LOG" ) &
-}
-objs_lib=()
-for s in src/*.cpp; do
-  case "$s" in src/container.cpp) continue ;; esac  # zstd + fmt: not needed by the GPU binaries
-  o="$B/obj/$(basename "$s" .cpp).o"; objs_lib+=("$o"); compile "$o" g++ "${CXXFLAGS[@]}" "$s"
-done
-for s in kernels/*.cu; do
-  o="$B/obj/k_$(basename "$s" .cu).o"; objs_lib+=("$o"); compile "$o" nvcc "${NVFLAGS[@]}" "$s"
-done
-compile "$B/obj/gpu_bench.o" nvcc "${NVFLAGS[@]}" bench/gpu/gpu_bench.cu
-if [ $have_gtest = 1 ]; then
-  if [ ${#GTEST_INC[@]} -gt 0 ]; then
-    gtest_obj=("$B/obj/gtest-all.o"); compile "$B/obj/gtest-all.o" g++ -std=c++17 -O2 "${GTEST_INC[@]}" "$DEPS/googletest/src/gtest-all.cc"
-  fi
-  # Shortest first, so a cut at the tests' deadline loses the least.
+reuse=0
+if [ -n "${E8KV_GPU_CHECK_REUSE:-}" ] && [ -x "$B/e8kv-gpu-bench" ]; then
+  reuse=1
+  for s in tests/cuda/*_test.cu; do [ -x "$B/gpu_$(basename "$s" .cu)" ] || reuse=0; done
+fi
+[ $reuse = 0 ] && : > "$BUILD_LOG"
+if [ $reuse = 1 ]; then
+  lib_ok=1; bench_ok=1
   for s in tests/cuda/device_probe_test.cu tests/cuda/paged_encode_test.cu tests/cuda/decode_attention_test.cu \
            $(ls tests/cuda/*_test.cu | grep -v -e device_probe_test -e paged_encode_test -e decode_attention_test); do
-    n="gpu_$(basename "$s" .cu)"; tests+=("$n"); compile "$B/obj/$n.o" nvcc "${NVFLAGS[@]}" "${GTEST_INC[@]}" "$s"
+    n="gpu_$(basename "$s" .cu)"; tests+=("$n"); built_tests+=("$n")
   done
-fi
-wait
-link() {  # link <binary> <objects...>: 0 when it linked
-  local bin="$1"; shift
-  nvcc "-arch=$ARCH" -o "$B/$bin" "$@" -lpthread >> "$BUILD_LOG" 2>&1 || { echo "FAILED: link $bin" >> "$BUILD_LOG"; return 1; }
-}
-lib_ok=1
-for o in "${objs_lib[@]}"; do grep -q "^FAILED: $o\$" "$BUILD_LOG" && lib_ok=0; done
-bench_ok=0
-if [ $lib_ok = 1 ] && ! grep -q "^FAILED: $B/obj/gpu_bench.o\$" "$BUILD_LOG"; then
-  link e8kv-gpu-bench "$B/obj/gpu_bench.o" "${objs_lib[@]}" && bench_ok=1
-fi
-if [ $lib_ok = 1 ]; then
-  for n in "${tests[@]}"; do
-    grep -q "^FAILED: $B/obj/$n.o\$" "$BUILD_LOG" && continue
-    if [ ${#gtest_obj[@]} -gt 0 ]; then link "$n" "$B/obj/$n.o" "${objs_lib[@]}" "${gtest_obj[@]}" && built_tests+=("$n")
-    else link "$n" "$B/obj/$n.o" "${objs_lib[@]}" -lgtest && built_tests+=("$n"); fi
+  echo "reused the binaries of the last build (E8KV_GPU_CHECK_REUSE)" >> "$BUILD_LOG"
+else
+  BUILD_CAP="${E8KV_GPU_CHECK_BUILD_CAP:-$([ -n "${E8KV_GPU_CHECK_BUILD_ONLY:-}" ] && echo "$BUDGET" || echo 130)}"
+  BUILD_DEADLINE=$(( $(date +%s) + $(allot "$BUILD_CAP") ))
+  compile() {  # compile <object> <compiler> <args...>: in the background (at most $JOBS at once), logged
+    local obj="$1"; shift
+    while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
+    local t=$(( BUILD_DEADLINE - $(date +%s) )); [ "$t" -lt 1 ] && t=1
+    ( timeout "$t" "$@" -c -o "$obj" >> "$BUILD_LOG" 2>&1 || echo "FAILED: $obj" >> "$BUILD_LOG" ) &
+  }
+  objs_lib=()
+  for s in src/*.cpp; do
+    case "$s" in src/container.cpp) continue ;; esac  # zstd + fmt: not needed by the GPU binaries
+    o="$B/obj/$(basename "$s" .cpp).o"; objs_lib+=("$o"); compile "$o" g++ "${CXXFLAGS[@]}" "$s"
   done
+  for s in kernels/*.cu; do
+    o="$B/obj/k_$(basename "$s" .cu).o"; objs_lib+=("$o"); compile "$o" nvcc "${NVFLAGS[@]}" "$s"
+  done
+  compile "$B/obj/gpu_bench.o" nvcc "${NVFLAGS[@]}" bench/gpu/gpu_bench.cu
+  if [ $have_gtest = 1 ]; then
+    if [ ${#GTEST_INC[@]} -gt 0 ]; then
+      gtest_obj=("$B/obj/gtest-all.o"); compile "$B/obj/gtest-all.o" g++ -std=c++17 -O2 "${GTEST_INC[@]}" "$DEPS/googletest/src/gtest-all.cc"
+    fi
+    # Shortest first, so a cut at the tests' deadline loses the least.
+    for s in tests/cuda/device_probe_test.cu tests/cuda/paged_encode_test.cu tests/cuda/decode_attention_test.cu \
+             $(ls tests/cuda/*_test.cu | grep -v -e device_probe_test -e paged_encode_test -e decode_attention_test); do
+      n="gpu_$(basename "$s" .cu)"; tests+=("$n"); compile "$B/obj/$n.o" nvcc "${NVFLAGS[@]}" "${GTEST_INC[@]}" "$s"
+    done
+  fi
+  wait
+  link() {  # link <binary> <objects...>: 0 when it linked
+    local bin="$1"; shift
+    nvcc "-arch=$ARCH" -o "$B/$bin" "$@" -lpthread >> "$BUILD_LOG" 2>&1 || { echo "FAILED: link $bin" >> "$BUILD_LOG"; return 1; }
+  }
+  lib_ok=1
+  for o in "${objs_lib[@]}"; do grep -q "^FAILED: $o\$" "$BUILD_LOG" && lib_ok=0; done
+  bench_ok=0
+  if [ $lib_ok = 1 ] && ! grep -q "^FAILED: $B/obj/gpu_bench.o\$" "$BUILD_LOG"; then
+    link e8kv-gpu-bench "$B/obj/gpu_bench.o" "${objs_lib[@]}" && bench_ok=1
+  fi
+  if [ $lib_ok = 1 ]; then
+    for n in "${tests[@]}"; do
+      grep -q "^FAILED: $B/obj/$n.o\$" "$BUILD_LOG" && continue
+      if [ ${#gtest_obj[@]} -gt 0 ]; then link "$n" "$B/obj/$n.o" "${objs_lib[@]}" "${gtest_obj[@]}" && built_tests+=("$n")
+      else link "$n" "$B/obj/$n.o" "${objs_lib[@]}" -lgtest && built_tests+=("$n"); fi
+    done
+  fi
 fi
 # build.log: the failures and the last lines (the full log can be long).
 { grep -E "error|FAILED" "$BUILD_LOG" | head -60; echo "-- last lines --"; tail -40 "$BUILD_LOG"; } > "$OUT/build.log"

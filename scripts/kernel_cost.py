@@ -71,7 +71,11 @@ SMEM_RESERVED_PER_CTA = 1024
 SMEM_ALLOC_UNIT = 128
 ISSUE_PER_S = SMS * SCHEDULERS * CLOCK_HZ
 
-SOURCES = ["kernels/decode_attention.cu", "kernels/paged_encode.cu", "kernels/dequantize.cu", "scripts/kernel_cost.cu"]
+def sources():
+    """kernels/*.cu (every instantiation the library ships), then the scenarios, largest first."""
+    kernels = sorted((os.path.join("kernels", f) for f in os.listdir(os.path.join(ROOT, "kernels")) if f.endswith(".cu")),
+                     key=lambda f: -os.path.getsize(os.path.join(ROOT, f)))
+    return kernels + ["scripts/kernel_cost.cu"]
 MARKER_RE = re.compile(r"cost-report:\s*(per-token loop|per-vector path)")
 
 
@@ -519,11 +523,12 @@ def measure(args, log):
     if not markers:
         raise CostError("no cost-report markers under include/e8kv/cuda")
     scenarios = read_scenarios()
+    srcs = sources()
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        futures = [pool.submit(compile_cubin, nvcc, src, args.build_dir) for src in SOURCES]
+        futures = [pool.submit(compile_cubin, nvcc, src, args.build_dir) for src in srcs]
         compiled = [fut.result() for fut in futures]
     rows = []
-    for src, (cubin, ptxas_text, secs) in zip(SOURCES, compiled):
+    for src, (cubin, ptxas_text, secs) in zip(srcs, compiled):
         log(f"compiled {src} for {ARCH} in {secs:.0f} s")
         res = parse_ptxas(ptxas_text)
         elf = subprocess.run([tools["cuobjdump"], "-elf", cubin], capture_output=True, text=True)
