@@ -130,7 +130,7 @@ CacheLayout layout_for(const CodecChoice& c, int kv_heads, int q_heads, int d) {
   L.head_dim = d;
   L.key_codec = {c.key};
   L.value_codec = {c.value};
-  L.keys_pre_rope = c.pre_rope;
+  L.key_frame = c.pre_rope ? transform::KeyFrame::kPreRope : transform::KeyFrame::kPostRope;
   L.rotation_seed = 42;
   return L;
 }

@@ -182,7 +182,7 @@ TEST(PagedKV, RoundTripOfARaggedBatch) {
 
 // The CPU twin of tests/cuda/decode_attention_test's coverage cases: attention computed by
 // reading only what the kernels read (the pool through the block table at PagedLayout's offsets,
-// the window buffers, the means) must reproduce CompressedKV::attend, for every layout variant
+// the window buffers, the means) must reproduce e8kv::attend, for every layout variant
 // the GPU tests use: Rvq3/Rvq4 values, interleaved and partial RoPE, per-head positions, page
 // sizes 1-48, positions beyond 2^20, post-RoPE keys, more heads, GQA up to 12, batch 13.
 std::vector<float> attend_from_pages(const PagedLayer& pl, const CacheCodecs& codecs, int b, const float* q, int q_heads) {
@@ -214,7 +214,7 @@ std::vector<float> attend_from_pages(const PagedLayer& pl, const CacheCodecs& co
           mk[static_cast<size_t>(i)] = fp16_bits_to_float(pl.means[((static_cast<size_t>(b) * H + h) * 2 + 0) * d + i]);
           mv[static_cast<size_t>(i)] = fp16_bits_to_float(pl.means[((static_cast<size_t>(b) * H + h) * 2 + 1) * d + i]);
         }
-        if (CL.keys_pre_rope && L.key_gain_bytes) quant::rope_table_rotate(mk.data(), codecs.key_rope_view(), pos, false);
+        if (CL.key_frame == transform::KeyFrame::kPreRope && L.key_gain_bytes) quant::rope_table_rotate(mk.data(), codecs.key_rope_view(), pos, false);
         for (int i = 0; i < d; ++i) {
           if (L.key_gain_bytes) k[static_cast<size_t>(i)] += mk[static_cast<size_t>(i)];
           if (L.value_gain_bytes) v[static_cast<size_t>(i)] += mv[static_cast<size_t>(i)];
@@ -293,7 +293,7 @@ TEST(PagedKV, ReadingThePagesReproducesAttend) {
     cfg.residual_length = 4;
     cfg.flush_block = 8;
     cfg.mean_tokens = 16;
-    cfg.keys_pre_rope = c.pre_rope;
+    cfg.key_frame = c.pre_rope ? KeyFrame::kPreRope : KeyFrame::kPostRope;
     cfg.rope.layout = c.rope_layout;
     cfg.rope.rotary_dim = c.rotary_dim;
     if (c.per_head) {
@@ -344,7 +344,7 @@ TEST(PagedKV, ReadingThePagesReproducesAttend) {
       std::vector<float> q(static_cast<size_t>(c.shape.n_q_heads) * c.shape.head_dim);
       for (auto& x : q) x = gauss(rng);
       std::vector<float> ref(q.size());
-      caches[static_cast<size_t>(b)].attend(0, q.data(), 0, ref.data());
+      e8kv::attend(caches[static_cast<size_t>(b)], 0, q.data(), ref.data());
       const std::vector<float> got = attend_from_pages(pl, caches[0].codecs(), b, q.data(), c.shape.n_q_heads);
       for (int r = 0; r < c.shape.n_q_heads; ++r) {
         double err = 0, mag = 0;

@@ -1,4 +1,4 @@
-// paged_decode_attention and paged_dequantize against the CPU reference (CompressedKV::attend,
+// paged_decode_attention and paged_dequantize against the CPU reference (e8kv::attend,
 // CompressedKV::decompress_head): ragged batches with tails (context 0, 1, not a multiple of the
 // page or of a CTA step, one past a split), GQA 1:1 to 16:1, every kernel codec, pre- and
 // post-RoPE keys, fp16 windows, query/output dtypes, 128K context, poisoned outputs and
