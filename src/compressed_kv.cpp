@@ -167,6 +167,76 @@ void CacheCodecs::decode_value_with_gain(int layer, int head, const uint8_t* cod
   });
 }
 
+size_t CacheCodecs::code_bytes(int layer, KvKind kind) const {
+  return (kind == KvKind::kKey ? key_quantizer(layer) : value_quantizer(layer)).code_bytes();
+}
+
+void CacheCodecs::encode(int layer, int head, KvKind kind, size_t n, const uint16_t* rows, const int32_t* positions,
+                         const HeadState& state, uint8_t* codes, float* gains) const {
+  const int d = layout_.head_dim;
+  const auto& q = kind == KvKind::kKey ? key_quantizer(layer) : value_quantizer(layer);
+  const size_t cb = q.code_bytes();
+  if (q.codec() == quant::Codec::kFp16) {  // the rows themselves, as they are stored
+    std::memcpy(codes, rows, n * cb);
+    return;
+  }
+  const quant::VectorCodecArgs args = codec_args(layer, head, static_cast<int>(kind));
+  const auto frame = layout_.key_frame;
+  const bool keys = kind == KvKind::kKey;
+  quant::RopeTableView mean_rope;  // every rotary pair, to turn the mean to a key's position
+  mean_rope.table = rope_tables_.data();
+  mean_rope.rotary_dim = rope_->rotary_dim();
+  mean_rope.layout = rope_->params().layout;
+  const quant::RopeTableView removal = key_rope_view();  // table only for pre-RoPE codes
+  quant::dispatch_block_code(q.codec(), [&](auto code) {
+    using Code = decltype(code);
+    float x[quant::kMaxCodecHeadDim];
+    for (size_t t = 0; t < n; ++t) {
+      fp16_bits_to_floats(rows + t * d, x, static_cast<size_t>(d));
+      uint8_t* c = codes + t * cb;
+      if (keys) {
+        if (frame != transform::KeyFrame::kPostRope && positions[t] < 0)
+          throw Error("CacheCodecs::encode: RoPE position must be >= 0, got " + std::to_string(positions[t]));
+        quant::prepare_key(x, d, state.mean, state.channel_scale, mean_rope, frame, positions[t]);
+        gains[t] = quant::encode_key_vector_gain<Code>(x, args, removal, positions[t], c);
+      } else {
+        quant::prepare_value(x, d, state.mean);
+        gains[t] = quant::encode_value_vector_gain<Code>(x, args, c);
+      }
+    }
+    return 0;
+  });
+}
+
+void CacheCodecs::decode(int layer, int head, KvKind kind, size_t n, const uint8_t* codes, const float* gains,
+                         const int32_t* positions, const HeadState& state, float* out) const {
+  const int d = layout_.head_dim;
+  const auto& q = kind == KvKind::kKey ? key_quantizer(layer) : value_quantizer(layer);
+  const size_t cb = q.code_bytes();
+  if (q.codec() == quant::Codec::kFp16) {
+    for (size_t t = 0; t < n; ++t) q.decode(codes + t * cb, 0, out + t * d);
+    return;
+  }
+  float inv_scale[quant::kMaxCodecHeadDim], mu[quant::kMaxCodecHeadDim];
+  for (int i = 0; i < d && state.channel_scale; ++i) inv_scale[i] = 1.0f / state.channel_scale[i];
+  for (size_t t = 0; t < n; ++t) {
+    float* y = out + t * d;
+    if (kind == KvKind::kValue) {
+      decode_value_with_gain(layer, head, codes + t * cb, gains[t], y);
+      for (int i = 0; i < d && state.mean; ++i) y[i] += state.mean[i];
+      continue;
+    }
+    decode_key_with_gain(layer, head, codes + t * cb, gains[t], positions[t], y);
+    if (state.channel_scale)  // S is constant on each RoPE pair, so it commutes with RoPE
+      for (int i = 0; i < d; ++i) y[i] *= inv_scale[i];
+    if (state.mean) {
+      std::copy(state.mean, state.mean + d, mu);
+      if (layout_.key_frame != transform::KeyFrame::kPostRope) apply_rope_fast(mu, positions[t]);
+      for (int i = 0; i < d; ++i) y[i] += mu[i];
+    }
+  }
+}
+
 void CacheCodecs::rope_cos_sin(int32_t position, float* cos_out, float* sin_out) const {
   if (position < 0) throw Error("RoPE position must be >= 0, got " + std::to_string(position));
   for (int i = 0; i < n_pairs_; ++i) quant::rope_table_cos_sin(rope_tables_.data(), n_pairs_, position, i, cos_out[i], sin_out[i]);
@@ -295,169 +365,20 @@ double CompressedKV::bits_per_element() const {
   return elements > 0 ? 8.0 * static_cast<double>(bytes()) / elements : 0.0;
 }
 
-void CompressedKV::flush(int l) {
-  const auto& L = layout();
-  auto& ld = mutable_layer(l);
-  const int d = L.head_dim;
-  const auto& kq = codecs_->key_quantizer(l);
-  const auto& vq = codecs_->value_quantizer(l);
-  const size_t kcb = kq.code_bytes(), vcb = vq.code_bytes();
-  const bool k_coded = kq.codec() != quant::Codec::kFp16, v_coded = vq.codec() != quant::Codec::kFp16;
-  const bool k_gain = kq.gain_bytes() > 0, v_gain = vq.gain_bytes() > 0;
-  const size_t sets = ld.positions.size();
-  const int64_t p = ld.pinned;
-  for (size_t s = 0; s < sets; ++s) {
-    // Heads served by this set: all heads when shared, head s alone otherwise.
-    const int h_begin = sets == 1 ? 0 : static_cast<int>(s);
-    const int h_end = sets == 1 ? L.n_kv_heads : static_cast<int>(s) + 1;
-    const int64_t flushable = static_cast<int64_t>(ld.window_positions[s].size()) - p;
-    const bool need_mean = L.center && (k_coded || v_coded) && ld.positions[s].empty();
-    int64_t threshold = static_cast<int64_t>(L.residual_length) + L.flush_block;
-    if (need_mean) threshold = std::max<int64_t>(threshold, L.mean_tokens);
-    if (flushable < threshold) continue;
-    const int64_t move = (flushable - L.residual_length) / L.flush_block * L.flush_block;
-    const auto& wpos = ld.window_positions[s];
-    float k[512], v[512], mu[512];
-    for (int h = h_begin; h < h_end; ++h) {
-      auto& hd = ld.heads[static_cast<size_t>(h)];
-      if (need_mean) {
-        // Means over the first mean_tokens unpinned window tokens, keys in their coding frame.
-        std::vector<double> km(static_cast<size_t>(d), 0.0), vm(static_cast<size_t>(d), 0.0);
-        for (int64_t t = p; t < p + L.mean_tokens; ++t) {
-          for (int i = 0; i < d; ++i) {
-            k[i] = fp16_bits_to_float(hd.window_keys[static_cast<size_t>(t * d + i)]);
-            vm[static_cast<size_t>(i)] += fp16_bits_to_float(hd.window_values[static_cast<size_t>(t * d + i)]);
-          }
-          // The mean of pre-RoPE keys, with RoPE removed by the same table that later puts it
-          // back at each position (CacheCodecs::apply_rope_fast): one frame throughout.
-          if (L.key_frame != transform::KeyFrame::kPostRope) {
-            if (wpos[static_cast<size_t>(t)] < 0)
-              throw Error("compress: RoPE position must be >= 0, got " + std::to_string(wpos[static_cast<size_t>(t)]));
-            codecs_->remove_rope_fast(k, wpos[static_cast<size_t>(t)]);
-          }
-          for (int i = 0; i < d; ++i) km[static_cast<size_t>(i)] += k[i];
-        }
-        hd.key_mean.clear();
-        hd.value_mean.clear();
-        for (int i = 0; i < d && k_coded; ++i) hd.key_mean.push_back(float_to_fp16_bits(static_cast<float>(km[i] / L.mean_tokens)));
-        for (int i = 0; i < d && v_coded; ++i) hd.value_mean.push_back(float_to_fp16_bits(static_cast<float>(vm[i] / L.mean_tokens)));
-        if (k_coded && L.query_weighted_keys && !ld.query_energy.empty())
-          hd.key_channel_scale = key_channel_scales(l, h, ld.query_energy[static_cast<size_t>(h)], p, wpos);
-      }
-      const size_t kc0 = hd.key_codes.size(), vc0 = hd.value_codes.size();
-      hd.key_codes.resize(kc0 + static_cast<size_t>(move) * kcb);
-      hd.value_codes.resize(vc0 + static_cast<size_t>(move) * vcb);
-      const size_t kg0 = hd.key_gains.size(), vg0 = hd.value_gains.size();
-      if (k_gain) hd.key_gains.resize(kg0 + static_cast<size_t>(move));
-      if (v_gain) hd.value_gains.resize(vg0 + static_cast<size_t>(move));
-      // The means as floats once per head (the same values key_mean_at starts from).
-      float key_mean[512], value_mean[512], key_scale[512];
-      fp16_bits_to_floats(hd.key_mean.data(), key_mean, hd.key_mean.size());
-      fp16_bits_to_floats(hd.key_channel_scale.data(), key_scale, hd.key_channel_scale.size());
-      const bool k_scaled = !hd.key_channel_scale.empty();
-      fp16_bits_to_floats(hd.value_mean.data(), value_mean, hd.value_mean.size());
-      for (int64_t t = 0; t < move; ++t) {
-        const size_t w = static_cast<size_t>(p + t);
-        const int32_t pos = wpos[w];
-        fp16_bits_to_floats(&hd.window_keys[w * d], k, static_cast<size_t>(d));
-        fp16_bits_to_floats(&hd.window_values[w * d], v, static_cast<size_t>(d));
-        if (!hd.key_mean.empty()) {
-          std::copy(key_mean, key_mean + d, mu);
-          if (L.key_frame != transform::KeyFrame::kPostRope) codecs_->apply_rope_fast(mu, pos);  // = key_mean_at
-          for (int i = 0; i < d; ++i) k[i] -= mu[i];
-        }
-        if (k_scaled)
-          for (int i = 0; i < d; ++i) k[i] *= key_scale[i];
-        for (int i = 0; i < static_cast<int>(hd.value_mean.size()); ++i) v[i] -= value_mean[i];
-        uint16_t kg = 0, vg = 0;
-        codecs_->encode_key(l, h, k, pos, &hd.key_codes[kc0 + static_cast<size_t>(t) * kcb], &kg);
-        codecs_->encode_value(l, h, v, &hd.value_codes[vc0 + static_cast<size_t>(t) * vcb], &vg);
-        if (k_gain) hd.key_gains[kg0 + static_cast<size_t>(t)] = kg;
-        if (v_gain) hd.value_gains[vg0 + static_cast<size_t>(t)] = vg;
-      }
-      if (L.gain_bits == 8) {
-        // The block's fp16 gains become 8-bit codes; the first block sets the references.
-        if (k_gain) gains_to_codes(hd.key_gains, hd.key_gain_codes, hd.key_gain_ref);
-        if (v_gain) gains_to_codes(hd.value_gains, hd.value_gain_codes, hd.value_gain_ref);
-      }
-      hd.window_keys.erase(hd.window_keys.begin() + p * d, hd.window_keys.begin() + (p + move) * d);
-      hd.window_values.erase(hd.window_values.begin() + p * d, hd.window_values.begin() + (p + move) * d);
-    }
-    auto& pos = ld.positions[s];
-    pos.insert(pos.end(), wpos.begin() + p, wpos.begin() + p + move);
-    ld.window_positions[s].erase(ld.window_positions[s].begin() + p, ld.window_positions[s].begin() + p + move);
+size_t CompressedKV::resident_bytes() const {
+  size_t b = layers_.capacity() * sizeof(LayerData);
+  auto cap = [](const auto& v) { return v.capacity() * sizeof(v[0]); };
+  for (const auto& l : layers_) {
+    b += cap(l.positions) + cap(l.window_positions) + cap(l.heads) + cap(l.query_energy);
+    for (const auto& p : l.positions) b += cap(p);
+    for (const auto& p : l.window_positions) b += cap(p);
+    for (const auto& e : l.query_energy) b += cap(e);
+    for (const auto& h : l.heads)
+      b += cap(h.key_codes) + cap(h.value_codes) + cap(h.key_gains) + cap(h.value_gains) + cap(h.window_keys) +
+           cap(h.window_values) + cap(h.key_mean) + cap(h.value_mean) + cap(h.key_channel_scale) +
+           cap(h.key_gain_codes) + cap(h.value_gain_codes);
   }
-}
-
-std::vector<uint16_t> CompressedKV::key_channel_scales(int l, int h, const std::vector<float>& query_energy,
-                                                      int64_t first, const std::vector<int32_t>& wpos) const {
-  // Floor added to both energies (a share of their mean): a channel that the 32 observation
-  // queries barely touch may still matter later, and a near-constant key channel must not get
-  // an unbounded scale. The exponent is below the Cauchy–Schwarz optimum 1/4: the energies are
-  // estimated from few queries, so the scales are shrunk toward 1. Both were chosen on
-  // SmolLM2 at ctx 1024 (docs/accuracy.md, "Query-weighted keys"); KL varied by ±15 % over
-  // floor 0.01–0.5 and exponent 0.1–0.35, all far below unscaled keys.
-  constexpr double kFloor = 0.2;
-  constexpr double kExponent = 0.2;
-  const auto& L = layout();
-  const int d = L.head_dim;
-  const auto& hd = layers_[static_cast<size_t>(l)].heads[static_cast<size_t>(h)];
-  std::vector<double> key_energy(static_cast<size_t>(d), 0.0);
-  float k[512], mu[512];
-  for (int64_t t = first; t < first + L.mean_tokens; ++t) {
-    fp16_bits_to_floats(&hd.window_keys[static_cast<size_t>(t * d)], k, static_cast<size_t>(d));
-    key_mean_at(l, h, wpos[static_cast<size_t>(t)], mu);
-    for (int i = 0; i < d; ++i) key_energy[static_cast<size_t>(i)] += static_cast<double>(k[i] - mu[i]) * (k[i] - mu[i]);
-  }
-  std::vector<float> sigma2(static_cast<size_t>(d));
-  double mean_w = 0, mean_s = 0;
-  for (int i = 0; i < d; ++i) {
-    sigma2[static_cast<size_t>(i)] = static_cast<float>(key_energy[static_cast<size_t>(i)] / L.mean_tokens);
-    mean_w += query_energy[static_cast<size_t>(i)] / d;
-  }
-  codecs_->average_rope_pairs(sigma2.data());
-  for (float s : sigma2) mean_s += static_cast<double>(s) / d;
-  std::vector<double> s(static_cast<size_t>(d));
-  double log_sum = 0;
-  for (int i = 0; i < d; ++i) {
-    const double w = query_energy[static_cast<size_t>(i)] + kFloor * mean_w + 1e-30;
-    const double e = sigma2[static_cast<size_t>(i)] + kFloor * mean_s + 1e-30;
-    s[static_cast<size_t>(i)] = std::pow(w / e, kExponent);
-    log_sum += std::log(s[static_cast<size_t>(i)]);
-  }
-  const double norm = std::exp(-log_sum / d);  // geometric mean 1 (the gain absorbs any scale)
-  std::vector<uint16_t> out(static_cast<size_t>(d));
-  for (int i = 0; i < d; ++i) out[static_cast<size_t>(i)] = float_to_fp16_bits(static_cast<float>(s[static_cast<size_t>(i)] * norm));
-  return out;
-}
-
-void CompressedKV::gains_to_codes(std::vector<uint16_t>& fp16_gains, std::vector<uint8_t>& codes, uint16_t& ref) {
-  if (fp16_gains.empty()) return;
-  if (ref == 0) {
-    // Reference: the geometric mean of the first block's non-zero gains, so the ±4 octaves of
-    // the code sit around this head's typical gain.
-    double log_sum = 0;
-    int n = 0;
-    for (uint16_t g : fp16_gains) {
-      const float f = fp16_bits_to_float(g);
-      if (f > 0.f) {
-        log_sum += std::log2(static_cast<double>(f));
-        ++n;
-      }
-    }
-    ref = float_to_fp16_bits(n > 0 ? static_cast<float>(std::exp2(log_sum / n)) : 1.0f);
-    if (ref == 0) ref = float_to_fp16_bits(6.1e-5f);  // keep the reference positive
-  }
-  const float r = fp16_bits_to_float(ref);
-  for (uint16_t g : fp16_gains) codes.push_back(quant::gain_to_code(fp16_bits_to_float(g), r));
-  fp16_gains.clear();
-}
-
-void CompressedKV::key_mean_at(int l, int h, int32_t position, float* mu) const {
-  const auto& L = layout();
-  const auto& km = layers_[static_cast<size_t>(l)].heads[static_cast<size_t>(h)].key_mean;
-  for (int i = 0; i < L.head_dim; ++i) mu[i] = km.empty() ? 0.f : fp16_bits_to_float(km[static_cast<size_t>(i)]);
-  if (!km.empty() && L.key_frame != transform::KeyFrame::kPostRope) codecs_->apply_rope_fast(mu, position);
+  return b;
 }
 
 CompactHead CompressedKV::decompress_head(int l, int h) const {
@@ -468,33 +389,33 @@ CompactHead CompressedKV::decompress_head(int l, int h) const {
   const auto& pos = positions(l, h);
   const auto& wpos = window_positions(l, h);
   const int d = L.head_dim;
-  const size_t kcb = codecs_->key_quantizer(l).code_bytes(), vcb = codecs_->value_quantizer(l).code_bytes();
   CompactHead out;
   out.positions = pos;
   out.positions.insert(out.positions.end(), wpos.begin(), wpos.end());
-  const size_t n = out.positions.size();
+  const size_t n = out.positions.size(), nc = pos.size();
   out.keys.resize(n * d);
   out.values.resize(n * d);
-  float mu[512], inv_scale[512];
+  // Coded tokens, through the codec's inverse.
+  std::vector<float> kg(nc, 0.f), vg(nc, 0.f), kmu, vmu, kscale;
   const auto key_gain = hd.key_gains_reader(), value_gain = hd.value_gains_reader();
-  const bool k_scaled = !hd.key_channel_scale.empty();
-  for (int i = 0; i < d && k_scaled; ++i) inv_scale[i] = 1.0f / fp16_bits_to_float(hd.key_channel_scale[static_cast<size_t>(i)]);
-  for (size_t t = 0; t < pos.size(); ++t) {
-    codecs_->decode_key_with_gain(l, h, &hd.key_codes[t * kcb], key_gain(t), pos[t], &out.keys[t * d]);
-    if (k_scaled)  // S is constant on each RoPE pair, so it commutes with the RoPE decode_key applied
-      for (int i = 0; i < d; ++i) out.keys[t * d + i] *= inv_scale[i];
-    codecs_->decode_value_with_gain(l, h, &hd.value_codes[t * vcb], value_gain(t), &out.values[t * d]);
-    if (!hd.key_mean.empty()) {
-      key_mean_at(l, h, pos[t], mu);
-      for (int i = 0; i < d; ++i) out.keys[t * d + i] += mu[i];
-    }
-    for (size_t i = 0; i < hd.value_mean.size(); ++i) out.values[t * d + i] += fp16_bits_to_float(hd.value_mean[i]);
+  for (size_t t = 0; t < nc; ++t) {
+    kg[t] = key_gain(t);
+    vg[t] = value_gain(t);
   }
-  for (size_t t = 0; t < wpos.size(); ++t)
-    for (int i = 0; i < d; ++i) {
-      out.keys[(pos.size() + t) * d + i] = fp16_bits_to_float(hd.window_keys[t * d + i]);
-      out.values[(pos.size() + t) * d + i] = fp16_bits_to_float(hd.window_values[t * d + i]);
-    }
+  auto floats = [](const std::vector<uint16_t>& h16, std::vector<float>& f) {
+    f.resize(h16.size());
+    fp16_bits_to_floats(h16.data(), f.data(), h16.size());
+    return f.empty() ? nullptr : f.data();
+  };
+  CacheCodecs::HeadState ks, vs;
+  ks.mean = floats(hd.key_mean, kmu);
+  ks.channel_scale = floats(hd.key_channel_scale, kscale);
+  vs.mean = floats(hd.value_mean, vmu);
+  codecs_->decode(l, h, KvKind::kKey, nc, hd.key_codes.data(), kg.data(), pos.data(), ks, out.keys.data());
+  codecs_->decode(l, h, KvKind::kValue, nc, hd.value_codes.data(), vg.data(), pos.data(), vs, out.values.data());
+  // The fp16 window.
+  fp16_bits_to_floats(hd.window_keys.data(), out.keys.data() + nc * d, wpos.size() * d);
+  fp16_bits_to_floats(hd.window_values.data(), out.values.data() + nc * d, wpos.size() * d);
   // Pinned sinks sit at the front of the window: order everything by position.
   std::vector<size_t> order(n);
   for (size_t i = 0; i < n; ++i) order[i] = i;

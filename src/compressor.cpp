@@ -1,11 +1,16 @@
 // KVCompressor glue: configuration, presets, compress / extend / append.
 #include "e8kv/compressor.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <memory>
 #include <map>
 #include <sstream>
 #include <string>
 
+#include "cache_writer.hpp"
+#include "e8kv/entropy/container.hpp"
 #include "e8kv/error.hpp"
 #include "e8kv/numeric/half.hpp"
 
@@ -79,11 +84,37 @@ void check_layer_view(const TensorView& v, const ModelShape& s, int64_t tokens, 
                                           std::to_string(s.head_dim));
 }
 
+/// Throws e8kv::Error naming the first non-finite element of a layer's tensor.
+void require_finite_layer(const TensorView& v, const char* what, int layer) {
+  float buf[512];
+  const int64_t d = v.head_dim();
+  for (int64_t t = 0; t < v.tokens(); ++t)
+    for (int64_t h = 0; h < v.heads(); ++h) {
+      const float* x = buf;
+      if (v.dtype() == DType::kF32)
+        x = static_cast<const float*>(v.data()) + t * v.token_stride() + h * v.head_stride();
+      else
+        v.load(t, h, buf);
+      uint32_t special = 0;  // all-ones exponent: Inf or NaN (a bit test vectorizes)
+      for (int64_t i = 0; i < d; ++i) {
+        uint32_t b;
+        std::memcpy(&b, &x[i], 4);
+        special |= static_cast<uint32_t>((b & 0x7f800000u) == 0x7f800000u);
+      }
+      if (special == 0) continue;
+      for (int64_t i = 0; i < d; ++i)
+        if (!std::isfinite(x[i]))
+          throw Error(std::string(what) + " of layer " + std::to_string(layer) + ": non-finite value at token " +
+                      std::to_string(t) + ", head " + std::to_string(h) + ", element " + std::to_string(i));
+    }
+}
+
 }  // namespace
 
-CompressedKV KVCompressor::compress(const SequenceKV& prefill, const std::vector<LayerQueries>* queries) const {
+CompressedKV KVCompressor::compress(const SequenceKV& prefill, const std::vector<LayerQueries>* queries,
+                                    Executor* executor) const {
   CompressedKV cache(codecs_);
-  extend(cache, prefill, queries);
+  extend(cache, prefill, queries, executor);
   return cache;
 }
 
@@ -97,8 +128,17 @@ std::vector<CompressedKV> KVCompressor::compress_batch(const std::vector<Sequenc
   return out;
 }
 
-void KVCompressor::extend(CompressedKV& cache, const SequenceKV& chunk, const std::vector<LayerQueries>* queries) const {
-  require(cache.valid() && cache.shared_codecs() == codecs_, "extend: the cache was not made by this compressor");
+void KVCompressor::check_cache(const CompressedKV& cache, const char* what) const {
+  require(cache.valid(), std::string(what) + ": the cache is empty (default-constructed)");
+  if (cache.shared_codecs() == codecs_) return;
+  // A cache read back from a container carries codecs of its own: equal layouts are the same codec.
+  const std::string diff = entropy::layout_difference(cache.layout(), codecs_->layout());
+  require(diff.empty(), std::string(what) + ": the cache was made with another layout (" + diff + ")");
+}
+
+void KVCompressor::extend(CompressedKV& cache, const SequenceKV& chunk, const std::vector<LayerQueries>* queries,
+                          Executor* executor) const {
+  check_cache(cache, "extend");
   require(static_cast<int>(chunk.layers.size()) == shape_.n_layers,
           "compress: " + std::to_string(chunk.layers.size()) + " layers given, model has " + std::to_string(shape_.n_layers));
   require(queries == nullptr || static_cast<int>(queries->size()) == shape_.n_layers,
@@ -118,25 +158,33 @@ void KVCompressor::extend(CompressedKV& cache, const SequenceKV& chunk, const st
   so.pool_kernel = config_.pool_kernel;
   so.gqa = config_.gqa_aggregation;
   so.seed = config_.scorer_seed;
-  select::EvictionOptions eo;
-  eo.rate = config_.eviction_rate;
-  eo.sinks = config_.sinks;
-  eo.recent = config_.recent_window;
-  eo.per_head = config_.per_head_selection;
-  eo.head_aggregation = config_.head_aggregation;
-  const bool first_chunk = cache.original_tokens() == 0;
-  if (!first_chunk) eo.sinks = 0;  // sinks are the sequence's first tokens, already in the cache
 
-  for (int l = 0; l < shape_.n_layers; ++l) {
+  // Plan every layer (validation, selection, fp16 rounding, the codes of every flush) before the
+  // cache changes: a failure in any layer leaves the cache exactly as it was.
+  std::vector<std::unique_ptr<detail::LayerWrite>> writes(static_cast<size_t>(shape_.n_layers));
+  run_tasks(executor, shape_.n_layers, [&](int64_t li) {
+    const int l = static_cast<int>(li);
     const LayerKV& kv = chunk.layers[static_cast<size_t>(l)];
     check_layer_view(kv.keys, shape_, n, "keys", l);
     check_layer_view(kv.values, shape_, n, "values", l);
-    auto& ld = cache.mutable_layer(l);
+    require_finite_layer(kv.keys, "keys", l);  // evicted tokens too: bad input is an error, never dropped
+    require_finite_layer(kv.values, "values", l);
+    const auto& ld = cache.layer(l);
     if (n > 0) {
-      const auto& last_sets = ld.window_positions[0].empty() ? ld.positions[0] : ld.window_positions[0];
-      require(last_sets.empty() || pos[0] > last_sets.back(),
+      const auto& last_set = ld.window_positions[0].empty() ? ld.positions[0] : ld.window_positions[0];
+      require(last_set.empty() || pos[0] > last_set.back(),
               "compress: chunk positions must follow the cache's last position");
     }
+    // The sequence's first `sinks` tokens are always kept (eviction) and, with fp16_sinks, pinned
+    // in fp16, whichever call brings them.
+    const int64_t before = ld.original_tokens;
+    const int64_t sinks_here = std::clamp<int64_t>(config_.sinks - before, 0, n);
+    select::EvictionOptions eo;
+    eo.rate = config_.eviction_rate;
+    eo.sinks = static_cast<int>(sinks_here);
+    eo.recent = config_.recent_window;
+    eo.per_head = config_.per_head_selection;
+    eo.head_aggregation = config_.head_aggregation;
     std::vector<std::vector<int64_t>> sets;
     if (config_.eviction_rate > 0.0 && n > 0) {
       const LayerQueries* lq = queries ? &(*queries)[static_cast<size_t>(l)] : nullptr;
@@ -147,33 +195,40 @@ void KVCompressor::extend(CompressedKV& cache, const SequenceKV& chunk, const st
       for (int64_t t = 0; t < n; ++t) all[static_cast<size_t>(t)] = t;
       sets.assign(config_.per_head_selection ? static_cast<size_t>(H) : 1, all);
     }
-    // New tokens enter the residual window, then whole blocks are flushed into codes: the same
-    // path append() takes, so a prefix plus appends equals compressing everything at once.
+    detail::LayerInput in;
+    in.given = n;
+    in.positions.resize(sets.size());
+    in.keys.resize(static_cast<size_t>(H));
+    in.values.resize(static_cast<size_t>(H));
     for (size_t s = 0; s < sets.size(); ++s) {
-      for (int64_t t : sets[s]) ld.window_positions[s].push_back(pos[static_cast<size_t>(t)]);
+      for (int64_t t : sets[s]) in.positions[s].push_back(pos[static_cast<size_t>(t)]);
       const int h_begin = sets.size() == 1 ? 0 : static_cast<int>(s);
       const int h_end = sets.size() == 1 ? static_cast<int>(H) : static_cast<int>(s) + 1;
       for (int h = h_begin; h < h_end; ++h) {
-        auto& hd = ld.heads[static_cast<size_t>(h)];
-        const size_t w0 = hd.window_keys.size();
-        hd.window_keys.resize(w0 + sets[s].size() * d);
-        hd.window_values.resize(w0 + sets[s].size() * d);
+        auto& kr = in.keys[static_cast<size_t>(h)];
+        auto& vr = in.values[static_cast<size_t>(h)];
+        kr.resize(sets[s].size() * static_cast<size_t>(d));
+        vr.resize(kr.size());
         for (size_t i = 0; i < sets[s].size(); ++i) {
-          load_fp16_rounded(kv.keys, sets[s][i], h, &hd.window_keys[w0 + i * d], "keys");
-          load_fp16_rounded(kv.values, sets[s][i], h, &hd.window_values[w0 + i * d], "values");
+          load_fp16_rounded(kv.keys, sets[s][i], h, &kr[i * static_cast<size_t>(d)], "keys");
+          load_fp16_rounded(kv.values, sets[s][i], h, &vr[i * static_cast<size_t>(d)], "values");
         }
       }
     }
-    // Query-weighted keys: the observation queries' energy per channel, per KV head (mean over
-    // the window and the head's query group), until the first flush turns it into scales.
-    if (first_chunk && config_.query_weighted_keys && queries != nullptr && ld.query_energy.empty() &&
+    if (config_.fp16_sinks)
+      for (int64_t t : sets[0])
+        if (t < sinks_here) ++in.sinks;
+    // Query-weighted keys: the observation queries' energy per channel and KV head (mean over the
+    // window and the head's query group), kept until the first flush turns it into scales.
+    const bool scales_pending = ld.query_energy.empty() && ld.heads[0].key_channel_scale.empty() && ld.positions[0].empty();
+    if (config_.query_weighted_keys && queries != nullptr && scales_pending &&
         codecs_->key_quantizer(l).codec() != quant::Codec::kFp16) {
       const TensorView& qv = (*queries)[static_cast<size_t>(l)].queries;
       const int64_t G = shape_.n_q_heads / H;
       require(qv.heads() == shape_.n_q_heads && qv.head_dim() == d && qv.tokens() >= 1,
               "compress: layer " + std::to_string(l) + " queries must be [window >= 1, " +
                   std::to_string(shape_.n_q_heads) + ", " + std::to_string(d) + "] for query-weighted keys");
-      ld.query_energy.assign(static_cast<size_t>(H), std::vector<float>(static_cast<size_t>(d), 0.f));
+      in.query_energy.assign(static_cast<size_t>(H), std::vector<float>(static_cast<size_t>(d), 0.f));
       std::vector<double> acc(static_cast<size_t>(d));
       float qbuf[512];
       for (int64_t h = 0; h < H; ++h) {
@@ -183,46 +238,44 @@ void KVCompressor::extend(CompressedKV& cache, const SequenceKV& chunk, const st
             qv.load(w, h * G + g, qbuf);
             for (int64_t i = 0; i < d; ++i) acc[static_cast<size_t>(i)] += static_cast<double>(qbuf[i]) * qbuf[i];
           }
-        auto& e = ld.query_energy[static_cast<size_t>(h)];
+        auto& e = in.query_energy[static_cast<size_t>(h)];
         for (int64_t i = 0; i < d; ++i)
           e[static_cast<size_t>(i)] = static_cast<float>(acc[static_cast<size_t>(i)] / static_cast<double>(qv.tokens() * G));
         codecs_->average_rope_pairs(e.data());
         for (float x : e) require(std::isfinite(x), "compress: non-finite observation queries in layer " + std::to_string(l));
       }
     }
-    // The first chunk's sink tokens stay in fp16 at the front of the window for good: they draw
-    // most of the attention, so their logit errors cost the most.
-    if (first_chunk && config_.fp16_sinks)
-      for (int64_t t : sets[0])
-        if (t < config_.sinks) ++ld.pinned;
-    ld.original_tokens += n;
-    cache.flush(l);
-  }
+    writes[static_cast<size_t>(l)] = std::make_unique<detail::LayerWrite>(cache, l, std::move(in));
+  });
+  for (int l = 0; l < shape_.n_layers; ++l) writes[static_cast<size_t>(l)]->reserve(cache, /*exact=*/true);
+  for (int l = 0; l < shape_.n_layers; ++l) writes[static_cast<size_t>(l)]->commit(cache);
 }
 
 void KVCompressor::append(CompressedKV& cache, int layer, const float* k, const float* v, int32_t position) const {
-  require(cache.valid() && cache.shared_codecs() == codecs_, "append: the cache was not made by this compressor");
+  check_cache(cache, "append");
   require(k != nullptr && v != nullptr, "append: null key or value");
-  auto& ld = cache.mutable_layer(layer);
+  const auto& ld = cache.layer(layer);
   const int64_t H = shape_.n_kv_heads, d = shape_.head_dim;
-  const auto& last = ld.window_positions[0].empty() ? ld.positions[0] : ld.window_positions[0];
-  require(position >= 0 && (last.empty() || position > last.back()),
-          "append: position " + std::to_string(position) + " must be >= 0 and follow the layer's last position");
+  for (size_t s = 0; s < ld.positions.size(); ++s) {
+    const auto& last = ld.window_positions[s].empty() ? ld.positions[s] : ld.window_positions[s];
+    require(position >= 0 && (last.empty() || position > last.back()),
+            "append: position " + std::to_string(position) + " must be >= 0 and follow the layer's last position");
+  }
   const TensorView kv_k = TensorView::nhd(k, DType::kF32, 1, H, d);
   const TensorView kv_v = TensorView::nhd(v, DType::kF32, 1, H, d);
-  std::vector<uint16_t> kb(static_cast<size_t>(H * d)), vb(static_cast<size_t>(H * d));
+  detail::LayerInput in;
+  in.given = 1;
+  in.positions.assign(ld.positions.size(), std::vector<int32_t>{position});
+  in.keys.assign(static_cast<size_t>(H), std::vector<uint16_t>(static_cast<size_t>(d)));
+  in.values.assign(static_cast<size_t>(H), std::vector<uint16_t>(static_cast<size_t>(d)));
   for (int64_t h = 0; h < H; ++h) {  // validate everything before changing the cache
-    load_fp16_rounded(kv_k, 0, h, &kb[static_cast<size_t>(h * d)], "append keys");
-    load_fp16_rounded(kv_v, 0, h, &vb[static_cast<size_t>(h * d)], "append values");
+    load_fp16_rounded(kv_k, 0, h, in.keys[static_cast<size_t>(h)].data(), "append keys");
+    load_fp16_rounded(kv_v, 0, h, in.values[static_cast<size_t>(h)].data(), "append values");
   }
-  for (auto& wp : ld.window_positions) wp.push_back(position);
-  for (int64_t h = 0; h < H; ++h) {
-    auto& hd = ld.heads[static_cast<size_t>(h)];
-    hd.window_keys.insert(hd.window_keys.end(), kb.begin() + h * d, kb.begin() + (h + 1) * d);
-    hd.window_values.insert(hd.window_values.end(), vb.begin() + h * d, vb.begin() + (h + 1) * d);
-  }
-  ld.original_tokens += 1;
-  cache.flush(layer);
+  in.sinks = config_.fp16_sinks && ld.original_tokens < config_.sinks ? 1 : 0;
+  detail::LayerWrite write(cache, layer, std::move(in));
+  write.reserve(cache, /*exact=*/false);
+  write.commit(cache);
 }
 
 void KVCompressor::attend(const CompressedKV& cache, int layer, const float* q, int32_t position, float* out) const {

@@ -1513,7 +1513,7 @@ CompressedKV read_cache(Source& src, const DeserializeOptions& o) {
     layers.push_back(read_layer_range(src, h, o, l, 0, h.layers[static_cast<size_t>(l)].max_stored()));
   if (!codecs) codecs = std::make_shared<const CacheCodecs>(L);
   CompressedKV cache(std::move(codecs));
-  for (int l = 0; l < L.n_layers; ++l) cache.mutable_layer(l) = std::move(layers[static_cast<size_t>(l)]);
+  for (int l = 0; l < L.n_layers; ++l) e8kv::detail::CacheStorage::layer(cache, l) = std::move(layers[static_cast<size_t>(l)]);
   return cache;
 }
 

@@ -218,7 +218,7 @@ void from_paged(const PagedLayer& paged, int layer, const std::vector<Compressed
                 expect.value_code_bytes == PL.value_code_bytes && expect.kv_heads == H &&
                 expect.position_sets == PL.position_sets,
             "from_paged: cache " + std::to_string(b) + " was made with different codecs than the paged layer");
-    auto& ld = c.mutable_layer(layer);
+    auto& ld = e8kv::detail::CacheStorage::layer(c, layer);
     require(static_cast<int>(ld.positions.size()) == PL.position_sets,
             "from_paged: cache " + std::to_string(b) + " has a different number of position sets");
     require(paged.means.empty() != c.layout().center,

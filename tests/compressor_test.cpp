@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "e8kv/compressor.hpp"
+#include "e8kv/entropy/container.hpp"
 #include "e8kv/numeric/half.hpp"
 #include "testing/synthetic_kv.hpp"
 #include "testing/kv_fixture.hpp"
@@ -98,10 +99,18 @@ TEST(Compressor, PresetsStayWithinTolerance) {
       // sharp attention (heavy hitters), so value errors do not average out; its near-isotropic
       // queries give the query weighting nothing to exploit (k3v2 was 0.0285 without it).
       // k4v4 0.075/0.0071, k3v3 0.169/0.0428 (attention KL depends on the keys alone).
+      // RoPE-residual keys (the default since 2026-12-01; the figures above were pre-RoPE): k4v4
+      // 0.075/0.0060, k3v2 0.231/0.0428, k2v2 0.280/0.1072, high 0.211/0.0343, asym
+      // 0.214/0.0372, balanced 0.263/0.0942, max 0.276/0.1153. This generator's heavy hitters are
+      // 3x the head's pre-RoPE mean, one fixed direction that the pre-RoPE frame codes alike for
+      // every such token; with eviction they are most of what is kept, and the residual frame
+      // turns that direction with each position. On SmolLM2 the two frames are within noise of
+      // each other for every preset (docs/accuracy.md, "Key frames"), so the bounds follow the
+      // residual figures here.
       {"quant-k4v4", 0.10, 0.0095}, {"quant-k3v3", 0.22, 0.056},
-      {"quant-k4v2", 0.25, 0.0095}, {"quant-k3v2", 0.30, 0.056}, {"quant-k2v2", 0.35, 0.115},
-      {"high", 0.29, 0.048},        {"asym", 0.26, 0.020},       {"balanced", 0.31, 0.060},
-      {"max", 0.33, 0.09},
+      {"quant-k4v2", 0.25, 0.0095}, {"quant-k3v2", 0.30, 0.056}, {"quant-k2v2", 0.35, 0.135},
+      {"high", 0.29, 0.048},        {"asym", 0.28, 0.048},       {"balanced", 0.34, 0.12},
+      {"max", 0.36, 0.15},
   };
   double prev_kl = 0;
   for (const auto& b : bounds) {
@@ -445,6 +454,117 @@ TEST(Compressor, AppendAndFlushEqualWholeCompression) {
     // The window obeys the flush rule: residual <= window < residual + flush_block.
     EXPECT_GE(cache.window_tokens(0), std::min<int64_t>(residual, spec.tokens));
     EXPECT_LT(cache.window_tokens(0), residual + 16);
+  }
+}
+
+// Compressing at once equals compressing any prefix and appending the rest, byte for byte in
+// the container: for every quantized preset (with queries, so query-weighted keys and 8-bit gains
+// are in play), with residual 0 and 8, at every split point from 0 to past the first flush —
+// including prefixes shorter than `sinks` (sinks are pinned by position, whichever call brings
+// them) and the 8-bit gain reference (fixed by the first flush_block coded tokens).
+TEST(Compressor, EverySplitPointEqualsWholeCompression) {
+  auto spec = default_spec(124);
+  spec.tokens = 110;
+  spec.n_layers = 1;
+  Fixture f(spec);
+  const int H = spec.n_kv_heads, d = spec.head_dim;
+  for (const char* preset : {"quant-k3v2", "quant-k2v2", "quant-k4v4", "lossless"})
+    for (int residual : {0, 8}) {
+      Config cfg = Config::preset(preset);
+      cfg.residual_length = residual;
+      KVCompressor c(f.shape, cfg);
+      const auto whole = entropy::serialize(c.compress(f.seq, &f.queries));
+      std::printf("%s residual %d: whole %zu bytes\n", preset, residual, whole.size());
+      for (int m = 0; m <= 90; ++m) {
+        SequenceKV prefix;
+        for (const auto& kv : f.seq.layers) prefix.layers.push_back({kv.keys.token_slice(0, m), kv.values.token_slice(0, m)});
+        auto cache = c.compress(prefix, &f.queries);
+        for (int t = m; t < spec.tokens; ++t)
+          c.append(cache, 0, &f.data.keys[0][static_cast<size_t>(t) * H * d], &f.data.values[0][static_cast<size_t>(t) * H * d], t);
+        ASSERT_EQ(entropy::serialize(cache), whole) << preset << " residual " << residual << " split at " << m;
+      }
+    }
+}
+
+// A call that throws leaves the cache exactly as it was: extend with a NaN (or a shape error) in a
+// later layer, append with a NaN or a position out of order. The cache then goes on like one that
+// never saw the failed call.
+TEST(Compressor, FailedCallsLeaveTheCacheUnchanged) {
+  auto spec = default_spec(125);
+  spec.n_layers = 3;
+  spec.tokens = 200;
+  Fixture f(spec);
+  const int H = spec.n_kv_heads, d = spec.head_dim;
+  for (const char* preset : {"quant-k3v2", "high"}) {
+    KVCompressor c(f.shape, Config::preset(preset));
+    SequenceKV first, second;
+    for (const auto& kv : f.seq.layers) {
+      first.layers.push_back({kv.keys.token_slice(0, 120), kv.values.token_slice(0, 120)});
+      second.layers.push_back({kv.keys.token_slice(120, 80), kv.values.token_slice(120, 80)});
+    }
+    second.first_position = 120;
+    auto cache = c.compress(first, &f.queries);
+    const auto before = entropy::serialize(cache);
+    const size_t resident = cache.resident_bytes();
+    // A NaN in the last layer's values.
+    std::vector<float> bad(f.data.values[2]);
+    bad[static_cast<size_t>(150) * H * d + 3] = std::numeric_limits<float>::quiet_NaN();
+    SequenceKV poisoned = second;
+    poisoned.layers[2].values = TensorView::nhd(bad.data(), DType::kF32, spec.tokens, H, d).token_slice(120, 80);
+    EXPECT_THROW(c.extend(cache, poisoned, &f.queries), Error);
+    EXPECT_EQ(entropy::serialize(cache), before) << preset;
+    // A shape error in the last layer.
+    SequenceKV short_layer = second;
+    short_layer.layers[2].values = short_layer.layers[2].values.token_slice(0, 79);
+    EXPECT_THROW(c.extend(cache, short_layer, &f.queries), Error);
+    EXPECT_EQ(entropy::serialize(cache), before) << preset;
+    // append: NaN key, huge value, position going back.
+    std::vector<float> k(&f.data.keys[1][static_cast<size_t>(120) * H * d], &f.data.keys[1][static_cast<size_t>(121) * H * d]);
+    std::vector<float> v(&f.data.values[1][static_cast<size_t>(120) * H * d], &f.data.values[1][static_cast<size_t>(121) * H * d]);
+    k[5] = std::numeric_limits<float>::infinity();
+    EXPECT_THROW(c.append(cache, 1, k.data(), v.data(), 120), Error);
+    k[5] = 0.f;
+    v[7] = 1e9f;  // beyond fp16
+    EXPECT_THROW(c.append(cache, 1, k.data(), v.data(), 120), Error);
+    v[7] = 0.f;
+    EXPECT_THROW(c.append(cache, 1, k.data(), v.data(), 119), Error);
+    EXPECT_EQ(entropy::serialize(cache), before) << preset;
+    EXPECT_EQ(cache.resident_bytes(), resident) << preset;
+    // It goes on exactly like a cache that never saw those calls.
+    auto clean = c.compress(first, &f.queries);
+    c.extend(clean, second, &f.queries);
+    c.extend(cache, second, &f.queries);
+    EXPECT_EQ(entropy::serialize(cache), entropy::serialize(clean)) << preset;
+  }
+}
+
+// Resident memory is what bytes() counts: right after compress, for every preset, the heap the
+// cache holds is within 5 % of bytes(). Appends keep spare capacity of at most a sixteenth of the
+// coded buffers plus one flush block of window rows per head (the window fills up to its flush).
+TEST(Compressor, ResidentMemoryMatchesBytes) {
+  auto spec = default_spec(126);
+  spec.n_kv_heads = 4;
+  spec.n_q_heads = 8;
+  spec.head_dim = 128;
+  spec.tokens = 2048;
+  Fixture f(spec);
+  const int H = spec.n_kv_heads, d = spec.head_dim;
+  for (const char* preset : {"quant-k4v4", "quant-k3v3", "quant-k4v2", "quant-k3v2", "quant-k2v2", "high", "asym",
+                             "balanced", "max", "lossless"}) {
+    KVCompressor c(f.shape, Config::preset(preset));
+    auto cache = c.compress(f.seq, &f.queries);
+    const double ratio = static_cast<double>(cache.resident_bytes()) / static_cast<double>(cache.bytes());
+    std::printf("%-12s bytes %zu resident %zu (x%.4f)\n", preset, cache.bytes(), cache.resident_bytes(), ratio);
+    EXPECT_LE(ratio, 1.05) << preset;
+    EXPECT_GE(ratio, 0.9) << preset << ": resident memory well below bytes() means bytes() overcounts";
+    // 300 appended tokens: capacities grow by a sixteenth at a time.
+    for (int t = 0; t < 300; ++t)
+      for (int l = 0; l < spec.n_layers; ++l)
+        c.append(cache, l, &f.data.keys[l][static_cast<size_t>(t % spec.tokens) * H * d],
+                 &f.data.values[l][static_cast<size_t>(t % spec.tokens) * H * d], spec.tokens + t);
+    const double window_spare = static_cast<double>(spec.n_layers) * H * 16 * d * 2 * 2;
+    EXPECT_LE(static_cast<double>(cache.resident_bytes()), (1.0 + 1.0 / 16) * static_cast<double>(cache.bytes()) + window_spare)
+        << preset << " after appends";
   }
 }
 

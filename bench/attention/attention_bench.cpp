@@ -62,24 +62,34 @@ const Layer& layer(int64_t tokens) {
 
 // ---- the dense baselines ------------------------------------------------------------------------
 
+/// Row addressing of a dense cache: NHD (token-major: a token's heads side by side, what most
+/// engines write) or HND (head-major: each head's tokens contiguous, as inside vLLM/FlashInfer
+/// pages).
+enum class Layout { kNhd, kHnd };
+
 template <class K, class Dec>
-void dense_attention(const Dec& dec, const uint8_t* k, const uint8_t* v, size_t elem_bytes, int64_t n, const float* q,
-                     float* out) {
-  const size_t row = static_cast<size_t>(kDim) * elem_bytes, stride = row * kKvHeads;
+void dense_attention(const Dec& dec, Layout layout, const uint8_t* k, const uint8_t* v, size_t elem_bytes, int64_t n,
+                     const float* q, float* out) {
+  const size_t row = static_cast<size_t>(kDim) * elem_bytes;
+  const size_t stride = layout == Layout::kNhd ? row * kKvHeads : row;
+  // NHD: short chunks, every head per chunk, so a chunk's rows (all heads) stay in L2 while each
+  // head takes its 256 bytes of every 2 KB token; HND: each head streams its own contiguous rows.
+  const int64_t chunk = layout == Layout::kNhd ? 64 : kChunk;
   const float scale = 1.f / std::sqrt(static_cast<float>(kDim));
-  alignas(32) float qs[kGroup * kDim], logits[kGroup * kChunk], w[kChunk * kGroup], acc[kGroup * kDim],
-      total[kGroup * kDim];
-  for (int h = 0; h < kKvHeads; ++h) {
-    for (int i = 0; i < kGroup * kDim; ++i) qs[i] = q[h * kGroup * kDim + i] * scale;
-    float m_run[kGroup], l_run[kGroup];
-    std::fill(m_run, m_run + kGroup, -INFINITY);
-    std::fill(l_run, l_run + kGroup, 0.f);
-    std::fill(total, total + kGroup * kDim, 0.f);
-    for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
-      const int64_t m = std::min(kChunk, n - c0), padded = (m + 7) / 8 * 8;
-      const uint8_t* kr = k + static_cast<size_t>(c0) * stride + h * row;
-      const uint8_t* vr = v + static_cast<size_t>(c0) * stride + h * row;
-      K::template dot_rows<kGroup>(dec, kr, stride, kDim / 8, qs, m, logits, kChunk);
+  alignas(32) float qs[kKvHeads][kGroup * kDim], logits[kGroup * kChunk], w[kChunk * kGroup], acc[kGroup * kDim];
+  static thread_local std::vector<float> total(static_cast<size_t>(kQHeads) * kDim);
+  float m_run[kQHeads], l_run[kQHeads];
+  std::fill(m_run, m_run + kQHeads, -INFINITY);
+  std::fill(l_run, l_run + kQHeads, 0.f);
+  std::fill(total.begin(), total.end(), 0.f);
+  for (int h = 0; h < kKvHeads; ++h)
+    for (int i = 0; i < kGroup * kDim; ++i) qs[h][i] = q[h * kGroup * kDim + i] * scale;
+  for (int64_t c0 = 0; c0 < n; c0 += chunk) {
+    const int64_t m = std::min(chunk, n - c0), padded = (m + 7) / 8 * 8;
+    for (int h = 0; h < kKvHeads; ++h) {
+      const size_t base = layout == Layout::kNhd ? static_cast<size_t>(c0) * stride + h * row
+                                                 : (static_cast<size_t>(h) * n + static_cast<size_t>(c0)) * row;
+      K::template dot_rows<kGroup>(dec, k + base, stride, kDim / 8, qs[h], m, logits, kChunk);
       float mx[kGroup], sum[kGroup];
       for (int g = 0; g < kGroup; ++g) {
         std::fill(logits + g * kChunk + m, logits + g * kChunk + padded, -INFINITY);
@@ -87,40 +97,52 @@ void dense_attention(const Dec& dec, const uint8_t* k, const uint8_t* v, size_t 
         for (int64_t t = 0; t < m; ++t) w[t * kGroup + g] = logits[g * kChunk + t];
       }
       std::fill(acc, acc + kGroup * kDim, 0.f);
-      K::template accumulate_rows<kGroup>(dec, vr, stride, kDim / 8, w, m, acc);
+      K::template accumulate_rows<kGroup>(dec, v + base, stride, kDim / 8, w, m, acc);
       for (int g = 0; g < kGroup; ++g) {  // online merge of the chunk into the running state
-        const float m2 = std::max(m_run[g], mx[g]);
-        const float a = std::exp(m_run[g] - m2), b = std::exp(mx[g] - m2);
-        l_run[g] = l_run[g] * a + sum[g] * b;
-        for (int i = 0; i < kDim; ++i) total[g * kDim + i] = total[g * kDim + i] * a + acc[g * kDim + i] * b;
-        m_run[g] = m2;
+        const int qh = h * kGroup + g;
+        const float m2 = std::max(m_run[qh], mx[g]);
+        const float a = std::exp(m_run[qh] - m2), b = std::exp(mx[g] - m2);
+        l_run[qh] = l_run[qh] * a + sum[g] * b;
+        float* t = total.data() + static_cast<size_t>(qh) * kDim;
+        for (int i = 0; i < kDim; ++i) t[i] = t[i] * a + acc[g * kDim + i] * b;
+        m_run[qh] = m2;
       }
     }
-    for (int g = 0; g < kGroup; ++g)
-      for (int i = 0; i < kDim; ++i) out[(h * kGroup + g) * kDim + i] = total[g * kDim + i] / l_run[g];
   }
+  for (int qh = 0; qh < kQHeads; ++qh)
+    for (int i = 0; i < kDim; ++i) out[qh * kDim + i] = total[static_cast<size_t>(qh) * kDim + i] / l_run[qh];
 }
 
-void dense_fp16(const uint16_t* k, const uint16_t* v, int64_t n, const float* q, float* out) {
+void dense_fp16(Layout layout, const uint16_t* k, const uint16_t* v, int64_t n, const float* q, float* out) {
   using namespace attention::kernels;
 #if E8KV_HOST_AVX2_DISPATCH
   if (cpu_has_avx2_fma())
-    return dense_attention<KernelsAvx2Fma>(KernelsAvx2Fma::Fp16RowDecoder{}, reinterpret_cast<const uint8_t*>(k),
+    return dense_attention<KernelsAvx2Fma>(KernelsAvx2Fma::Fp16RowDecoder{}, layout, reinterpret_cast<const uint8_t*>(k),
                                            reinterpret_cast<const uint8_t*>(v), 2, n, q, out);
 #endif
-  dense_attention<KernelsPortable>(KernelsPortable::Fp16RowDecoder{}, reinterpret_cast<const uint8_t*>(k),
+  dense_attention<KernelsPortable>(KernelsPortable::Fp16RowDecoder{}, layout, reinterpret_cast<const uint8_t*>(k),
                                    reinterpret_cast<const uint8_t*>(v), 2, n, q, out);
 }
 
-void dense_fp32(const float* k, const float* v, int64_t n, const float* q, float* out) {
+void dense_fp32(Layout layout, const float* k, const float* v, int64_t n, const float* q, float* out) {
   using namespace attention::kernels;
 #if E8KV_HOST_AVX2_DISPATCH
   if (cpu_has_avx2_fma())
-    return dense_attention<KernelsAvx2Fma>(KernelsAvx2Fma::Fp32RowDecoder{}, reinterpret_cast<const uint8_t*>(k),
+    return dense_attention<KernelsAvx2Fma>(KernelsAvx2Fma::Fp32RowDecoder{}, layout, reinterpret_cast<const uint8_t*>(k),
                                            reinterpret_cast<const uint8_t*>(v), 4, n, q, out);
 #endif
-  dense_attention<KernelsPortable>(KernelsPortable::Fp32RowDecoder{}, reinterpret_cast<const uint8_t*>(k),
+  dense_attention<KernelsPortable>(KernelsPortable::Fp32RowDecoder{}, layout, reinterpret_cast<const uint8_t*>(k),
                                    reinterpret_cast<const uint8_t*>(v), 4, n, q, out);
+}
+
+/// NHD rows [tokens, heads, d] rearranged as HND [heads, tokens, d].
+template <class T>
+std::vector<T> to_hnd(const std::vector<T>& nhd, int64_t n) {
+  std::vector<T> out(nhd.size());
+  for (int64_t t = 0; t < n; ++t)
+    for (int h = 0; h < kKvHeads; ++h)
+      std::copy_n(&nhd[(static_cast<size_t>(t) * kKvHeads + h) * kDim], kDim, &out[(static_cast<size_t>(h) * n + t) * kDim]);
+  return out;
 }
 
 /// Copies of a data set enough to make every read a DRAM read when cycled (1 when hot).
@@ -129,40 +151,47 @@ size_t copies_for(size_t bytes, bool cold) { return cold ? std::max<size_t>(2, k
 void BM_DenseFp16(benchmark::State& state) {
   const auto& d = layer(state.range(0));
   const bool cold = state.range(1) != 0;
+  const Layout layout = state.range(2) ? Layout::kHnd : Layout::kNhd;
   const size_t elems = d.k.size();
   const size_t copies = copies_for(4 * elems, cold);
-  std::vector<std::vector<uint16_t>> k(copies, std::vector<uint16_t>(elems)), v(copies, std::vector<uint16_t>(elems));
-  for (size_t c = 0; c < copies; ++c) {
-    floats_to_fp16_bits(d.k.data(), k[c].data(), elems);
-    floats_to_fp16_bits(d.v.data(), v[c].data(), elems);
+  std::vector<uint16_t> k16(elems), v16(elems);
+  floats_to_fp16_bits(d.k.data(), k16.data(), elems);
+  floats_to_fp16_bits(d.v.data(), v16.data(), elems);
+  if (layout == Layout::kHnd) {
+    k16 = to_hnd(k16, d.tokens);
+    v16 = to_hnd(v16, d.tokens);
   }
+  std::vector<std::vector<uint16_t>> k(copies, k16), v(copies, v16);
   std::vector<float> out(static_cast<size_t>(kQHeads) * kDim);
   size_t i = 0;
   for (auto _ : state) {
-    dense_fp16(k[i].data(), v[i].data(), d.tokens, d.q.data(), out.data());
+    dense_fp16(layout, k[i].data(), v[i].data(), d.tokens, d.q.data(), out.data());
     benchmark::DoNotOptimize(out.data());
     i = (i + 1) % copies;
   }
   state.counters["bytes_per_token_head"] = 2.0 * 2 * kDim;
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(4 * elems));
 }
-BENCHMARK(BM_DenseFp16)->ArgNames({"tokens", "cold"})->ArgsProduct({{4096, 32768}, {0, 1}})->Unit(benchmark::kMillisecond);
+// Args: tokens, cold, layout (0 NHD, 1 HND).
+BENCHMARK(BM_DenseFp16)->ArgNames({"tokens", "cold", "hnd"})->ArgsProduct({{4096, 32768}, {0, 1}, {0, 1}})->Unit(benchmark::kMillisecond);
 
 void BM_DenseFp32(benchmark::State& state) {
   const auto& d = layer(state.range(0));
   const bool cold = state.range(1) != 0;
+  const Layout layout = state.range(2) ? Layout::kHnd : Layout::kNhd;
   const size_t copies = copies_for(8 * d.k.size(), cold);
-  std::vector<std::vector<float>> k(copies, d.k), v(copies, d.v);
+  std::vector<std::vector<float>> k(copies, layout == Layout::kHnd ? to_hnd(d.k, d.tokens) : d.k),
+      v(copies, layout == Layout::kHnd ? to_hnd(d.v, d.tokens) : d.v);
   std::vector<float> out(static_cast<size_t>(kQHeads) * kDim);
   size_t i = 0;
   for (auto _ : state) {
-    dense_fp32(k[i].data(), v[i].data(), d.tokens, d.q.data(), out.data());
+    dense_fp32(layout, k[i].data(), v[i].data(), d.tokens, d.q.data(), out.data());
     benchmark::DoNotOptimize(out.data());
     i = (i + 1) % copies;
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(8 * d.k.size()));
 }
-BENCHMARK(BM_DenseFp32)->ArgNames({"tokens", "cold"})->ArgsProduct({{4096, 32768}, {0, 1}})->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_DenseFp32)->ArgNames({"tokens", "cold", "hnd"})->ArgsProduct({{4096, 32768}, {0, 1}, {0, 1}})->Unit(benchmark::kMillisecond);
 
 // ---- e8kv ---------------------------------------------------------------------------------------
 

@@ -20,6 +20,7 @@
 #include "e8kv/cache/compressed_kv.hpp"
 #include "e8kv/cache/kv_view.hpp"
 #include "e8kv/config.hpp"
+#include "e8kv/parallel.hpp"
 #include "e8kv/quant/codec.hpp"
 #include "e8kv/quant/vector_quantizer.hpp"
 #include "e8kv/select/eviction.hpp"
@@ -38,15 +39,21 @@ class KVCompressor {
   /// Compresses a prefill: scores (attention scorers need `queries`, one LayerQueries per layer),
   /// evicts, removes RoPE, rotates, quantizes. Inputs are rounded to fp16 first (the cache's
   /// working precision), so compressing at once equals compressing a prefix and appending.
-  CompressedKV compress(const SequenceKV& prefill, const std::vector<LayerQueries>* queries = nullptr) const;
+  /// `executor` (optional) plans the layers in parallel; the result does not depend on it.
+  CompressedKV compress(const SequenceKV& prefill, const std::vector<LayerQueries>* queries = nullptr,
+                        Executor* executor = nullptr) const;
   /// Ragged batch: one CompressedKV per sequence (queries[b] per sequence, or nullptr).
   std::vector<CompressedKV> compress_batch(const std::vector<SequenceKV>& batch,
                                            const std::vector<std::vector<LayerQueries>>* queries = nullptr) const;
   /// Multi-turn: compresses a later prefill chunk into an existing cache. Tokens already in the
   /// cache are never re-quantized; eviction applies to the new chunk only.
-  void extend(CompressedKV& cache, const SequenceKV& chunk, const std::vector<LayerQueries>* queries = nullptr) const;
+  /// A call that throws (bad shape, non-finite value, positions out of order) leaves the cache
+  /// exactly as it was.
+  void extend(CompressedKV& cache, const SequenceKV& chunk, const std::vector<LayerQueries>* queries = nullptr,
+              Executor* executor = nullptr) const;
 
-  /// Appends one token of one layer: k and v are [n_kv_heads * head_dim] post-RoPE.
+  /// Appends one token of one layer: k and v are [n_kv_heads * head_dim] post-RoPE. Validates
+  /// everything before changing the cache (a throw leaves it as it was).
   void append(CompressedKV& cache, int layer, const float* k, const float* v, int32_t position) const;
 
   /// Decode attention for one new token at `position`: q is [n_q_heads * head_dim] post-RoPE; out
@@ -56,6 +63,9 @@ class KVCompressor {
   void attend(const CompressedKV& cache, int layer, const float* q, int32_t position, float* out) const;
 
  private:
+  /// Throws unless the cache was made with this compressor's layout (by it, or read back).
+  void check_cache(const CompressedKV& cache, const char* what) const;
+
   ModelShape shape_;
   Config config_;
   std::shared_ptr<const CacheCodecs> codecs_;

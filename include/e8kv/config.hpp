@@ -44,7 +44,7 @@ struct Config {
 
   /// The frame keys are coded in (transform::KeyFrame): "residual" (k − R_t·μ), "pre" (RoPE
   /// removed) or "post".
-  transform::KeyFrame key_frame = transform::KeyFrame::kPreRope;
+  transform::KeyFrame key_frame = transform::KeyFrame::kRopeResidual;
   transform::RopeParams rope{};
 
   // Eviction.

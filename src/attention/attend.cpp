@@ -90,6 +90,8 @@ LayerPlan plan_layer(const CompressedKV& cache, int layer) {
   p.G = L.n_q_heads / L.n_kv_heads;
   p.d = L.head_dim;
   p.blocks = L.head_dim / 8;
+  // The value kernels hold two blocks at a time (every supported head_dim is a multiple of 16).
+  require(p.blocks % 2 == 0, "attend: head_dim " + std::to_string(p.d) + " is not a multiple of 16");
   p.pairs = codecs.rope().rotary_dim() / 2;
   p.P = (p.pairs + 7) / 8 * 8;
   p.frame = L.key_frame;

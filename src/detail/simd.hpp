@@ -94,6 +94,7 @@ struct IsaPortable {
     return r;
   }
   static E8KV_FORCE_INLINE float fma1(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
+  static E8KV_FORCE_INLINE f32x8 splat(float x) { return splat8(x); }
   /// Eight fp16 values (bits) to floats, exactly.
   static E8KV_FORCE_INLINE f32x8 half8(const uint16_t* p) {
     f32x8 r;
@@ -111,6 +112,9 @@ struct IsaAvx2Fma {
   }
   __attribute__((target("avx2,fma,f16c"), always_inline)) static inline float fma1(float a, float b, float c) {
     return __builtin_fmaf(a, b, c);
+  }
+  __attribute__((target("avx2,fma,f16c"), always_inline)) static inline f32x8 splat(float x) {
+    return (f32x8)_mm256_set1_ps(x);
   }
   __attribute__((target("avx2,fma,f16c"), always_inline)) static inline f32x8 half8(const uint16_t* p) {
     return (f32x8)_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));

@@ -377,7 +377,7 @@ TEST(PagedKV, SignBitsAndErrors) {
   // Per-head sets of different sizes cannot share pages.
   Batch ph = make_batch({100}, "quant-k3v2", true, 0, 612);  // enough tokens to code past the means
   ASSERT_FALSE(ph.caches[0].layer(0).positions[1].empty());
-  auto& ld = ph.caches[0].mutable_layer(0);
+  auto& ld = e8kv::detail::CacheStorage::layer(ph.caches[0], 0);
   ld.positions[1].pop_back();
   EXPECT_THROW(to_paged({&ph.caches[0]}, 0), Error);
   // Window capacity too small.
@@ -392,7 +392,7 @@ TEST(PagedKV, SignBitsAndErrors) {
   EXPECT_THROW(from_paged(paged, 0, {}), Error);
   // Query-weighted keys are not carried by the paged layout: refused, not dropped.
   Batch qw = make_batch({100}, "quant-k3v2", false, 0, 615);
-  qw.caches[0].mutable_layer(0).heads[1].key_channel_scale.assign(64, 0x3C00);  // fp16 1.0
+  e8kv::detail::CacheStorage::layer(qw.caches[0], 0).heads[1].key_channel_scale.assign(64, 0x3C00);  // fp16 1.0
   try {
     to_paged({&qw.caches[0]}, 0);
     ADD_FAILURE() << "to_paged accepted key channel scales";

@@ -247,7 +247,7 @@ LayerData slice(const CompressedKV& c, int l, int64_t b, int64_t e) {
 // Drops every third coded token of head h's own position set (per-head caches): a valid cache
 // whose sets differ.
 void thin_set(CompressedKV& c, int l, int h) {
-  auto& ld = c.mutable_layer(l);
+  auto& ld = e8kv::detail::CacheStorage::layer(c, l);
   auto& pos = ld.positions[static_cast<size_t>(h)];
   auto& hd = ld.heads[static_cast<size_t>(h)];
   const size_t kcb = c.codecs().key_quantizer(l).code_bytes(), vcb = c.codecs().value_quantizer(l).code_bytes();
@@ -1176,33 +1176,33 @@ TEST(ContainerWriter, RefusesInconsistentCachesAndBadOptions) {
   const Made m = make_cache("preset=quant-k3v2,residual=4", small_spec(2, 2, 4, 64, 50, 71));
   {
     CompressedKV c = m.cache;
-    c.mutable_layer(1).heads[0].key_codes.pop_back();
+    e8kv::detail::CacheStorage::layer(c, 1).heads[0].key_codes.pop_back();
     expect_error([&] { ent::serialize(c); }, "layer 1 head 0");
   }
   {
     CompressedKV c = m.cache;
-    c.mutable_layer(0).heads[1].value_gain_codes.clear();  // 8-bit gains (the default)
+    e8kv::detail::CacheStorage::layer(c, 0).heads[1].value_gain_codes.clear();  // 8-bit gains (the default)
     expect_error([&] { ent::serialize(c); }, "layer 0 head 1");
   }
   {
     CompressedKV c = m.cache;
-    c.mutable_layer(0).heads[1].value_gains.assign(c.layer(0).heads[1].value_gain_codes.size(), 0x3C00);
+    e8kv::detail::CacheStorage::layer(c, 0).heads[1].value_gains.assign(c.layer(0).heads[1].value_gain_codes.size(), 0x3C00);
     expect_error([&] { ent::serialize(c); }, "layer 0 head 1");  // fp16 gains in an 8-bit cache
   }
   {
     CompressedKV c = m.cache;
-    c.mutable_layer(1).heads[0].key_gain_ref = 0;
+    e8kv::detail::CacheStorage::layer(c, 1).heads[0].key_gain_ref = 0;
     expect_error([&] { ent::serialize(c); }, "8-bit gains need their reference");
   }
   {
     CompressedKV c = m.cache;
-    auto& p = c.mutable_layer(0).positions[0];
+    auto& p = e8kv::detail::CacheStorage::layer(c, 0).positions[0];
     std::swap(p[3], p[4]);
     expect_error([&] { ent::serialize(c); }, "strictly increasing");
   }
   {
     CompressedKV c = m.cache;
-    c.mutable_layer(1).original_tokens = 3;
+    e8kv::detail::CacheStorage::layer(c, 1).original_tokens = 3;
     expect_error([&] { ent::serialize(c); }, "original_tokens 3");
   }
   expect_error([] { ent::serialize(CompressedKV{}); }, "empty");

@@ -29,16 +29,47 @@
 
 namespace e8kv {
 
-/// Immutable codecs derived from a layout: quantizers, per (layer, head) rotations, RoPE.
-/// Shared by a compressor and the caches it made; all methods are const and thread-safe.
+/// Keys or values: the two kinds of vectors a cache codes (each with its own codec, rotation and
+/// statistics).
+enum class KvKind : uint8_t { kKey = 0, kValue = 1 };
+
+/// The codec of a cache, derived from its layout: quantizers, per (layer, head, kind) rotations,
+/// the RoPE table. It encodes and decodes vectors in batches (faiss sa_encode / sa_decode); the
+/// cache stores what it produces and nothing else codes. Shared by a compressor and the caches it
+/// made; immutable, all methods const and thread-safe.
 class CacheCodecs {
  public:
+  /// What the codes of one (layer, head, kind) are relative to, as floats: the mean (null: not
+  /// centred) and, for keys, the channel scales S (null: none).
+  struct HeadState {
+    const float* mean = nullptr;
+    const float* channel_scale = nullptr;
+  };
+
   explicit CacheCodecs(CacheLayout layout);
   const CacheLayout& layout() const { return layout_; }
   const quant::VectorQuantizer& key_quantizer(int layer) const { return key_q_[static_cast<size_t>(layer)]; }
   const quant::VectorQuantizer& value_quantizer(int layer) const { return value_q_[static_cast<size_t>(layer)]; }
   /// Randomized Hadamard of (layer, head) for keys (kind 0) or values (kind 1).
   const transform::RandomizedHadamard& rotation(int layer, int head, int kind) const;
+  const transform::RandomizedHadamard& rotation(int layer, int head, KvKind kind) const {
+    return rotation(layer, head, static_cast<int>(kind));
+  }
+  /// Bytes of codes per vector of a layer and kind (2·head_dim for the fp16 codec).
+  size_t code_bytes(int layer, KvKind kind) const;
+
+  /// Encodes n vectors of (layer, head, kind) given as fp16 rows (the cache's working precision;
+  /// keys post-RoPE at `positions`, values positions ignored): the key frame's transform,
+  /// centring and channel scales (quant::prepare_key / prepare_value), the rotation and the
+  /// block codes, the same per-vector functions the GPU encoder runs. codes: n·code_bytes;
+  /// gains: n floats, before any gain coding (untouched for the fp16 codec, whose codes are the
+  /// rows themselves). Throws e8kv::Error for a negative position in a RoPE key frame.
+  void encode(int layer, int head, KvKind kind, size_t n, const uint16_t* rows, const int32_t* positions,
+              const HeadState& state, uint8_t* codes, float* gains) const;
+  /// The inverse: n vectors decoded into the engine's basis (keys post-RoPE at `positions`),
+  /// n·head_dim floats: what decompress returns and what attention is equivalent to.
+  void decode(int layer, int head, KvKind kind, size_t n, const uint8_t* codes, const float* gains,
+              const int32_t* positions, const HeadState& state, float* out) const;
   const transform::Rope& rope() const { return *rope_; }
 
   /// Encodes one post-RoPE key into codes + gain. Block codecs go through
@@ -106,6 +137,10 @@ struct CompactHead {
   std::vector<float> values;  ///< [n, head_dim]
 };
 
+namespace detail {
+struct CacheStorage;
+}
+
 class CompressedKV {
  public:
   struct HeadData {
@@ -165,7 +200,6 @@ class CompressedKV {
   std::shared_ptr<const CacheCodecs> shared_codecs() const { return codecs_; }
   int n_layers() const { return static_cast<int>(layers_.size()); }
   const LayerData& layer(int l) const;
-  LayerData& mutable_layer(int l);
 
   /// Positions set used by head h (shared set 0 unless per-head positions).
   const std::vector<int32_t>& positions(int layer, int head) const;
@@ -178,6 +212,11 @@ class CompressedKV {
 
   ByteBreakdown byte_breakdown() const;
   size_t bytes() const { return byte_breakdown().total(); }
+  /// Heap bytes the cache holds: the capacity of every buffer it owns (what bytes() counts, as
+  /// stored in memory, plus spare capacity and the bookkeeping vectors). Writes keep it within a
+  /// few percent of bytes(): compress and extend size buffers exactly, append grows them by a
+  /// sixteenth.
+  size_t resident_bytes() const;
   /// bytes() per original token.
   double bytes_per_token() const;
   /// fp16 bytes of K and V for every original token, divided by bytes().
@@ -188,23 +227,20 @@ class CompressedKV {
   CompactHead decompress_head(int layer, int head) const;
   DenseLayer decompress_layer(int layer) const;
 
-  /// Moves the oldest unpinned window tokens of a layer into codes, in whole flush_block blocks,
-  /// while at least residual_length + flush_block unpinned tokens are in the window. With centring,
-  /// the first flush waits for mean_tokens unpinned tokens and estimates the means from them.
-  void flush(int layer);
-
  private:
-  /// The key mean of (layer, head) in the engine's post-RoPE frame at `position` (zeros if none).
-  void key_mean_at(int layer, int head, int32_t position, float* mu) const;
-  /// Moves a flushed block's fp16 gains into 8-bit codes (setting the reference on first use).
-  static void gains_to_codes(std::vector<uint16_t>& fp16_gains, std::vector<uint8_t>& codes, uint16_t& ref);
-  /// Key channel scales of (layer, head) from the query energy and the centred window keys
-  /// [first, first + mean_tokens) (CacheLayout::query_weighted_keys), fp16 bits.
-  std::vector<uint16_t> key_channel_scales(int layer, int head, const std::vector<float>& query_energy, int64_t first,
-                                           const std::vector<int32_t>& window_positions) const;
+  friend struct detail::CacheStorage;
+  LayerData& mutable_layer(int l);
 
   std::shared_ptr<const CacheCodecs> codecs_;
   std::vector<LayerData> layers_;
 };
+
+namespace detail {
+/// Write access to a cache's storage, for its writers only: the compressor (src/cache_writer.cpp)
+/// and the container reader. Everyone else sees the cache read-only.
+struct CacheStorage {
+  static CompressedKV::LayerData& layer(CompressedKV& cache, int l) { return cache.mutable_layer(l); }
+};
+}  // namespace detail
 
 }  // namespace e8kv

@@ -174,8 +174,9 @@ E8KV_HD inline uint32_t encode_block_with_stats(const float x[8], float to_u, do
   return index;
 }
 
-/// The stored fp16 gain for the policy, from ‖x‖², <x, Q> and ‖Q‖² (saturated to [0, 65504]).
-E8KV_HD inline uint16_t gain_bits_from_stats(GainPolicy policy, double norm2, double xq, double qq) {
+/// The gain for the policy from ‖x‖², <x, Q> and ‖Q‖² (double), saturated to [0, 65504] (the
+/// fp16 range, so every gain code can hold it) and rounded to float once.
+E8KV_HD inline float gain_from_stats(GainPolicy policy, double norm2, double xq, double qq) {
   const double norm = sqrt(norm2);
   double gain = 0.0;
   if (norm > 0.0 && qq > 0.0) {
@@ -187,7 +188,12 @@ E8KV_HD inline uint16_t gain_bits_from_stats(GainPolicy policy, double norm2, do
   }
   if (gain > 65504.0) gain = 65504.0;  // fp16 max: saturate rather than store Inf
   if (!(gain >= 0.0)) gain = 0.0;      // negative only for a degenerate Q; NaN cannot occur
-  return float_to_fp16_bits(static_cast<float>(gain));
+  return static_cast<float>(gain);
+}
+
+/// gain_from_stats as fp16 bits (the paged GPU layout's gains).
+E8KV_HD inline uint16_t gain_bits_from_stats(GainPolicy policy, double norm2, double xq, double qq) {
+  return float_to_fp16_bits(gain_from_stats(policy, norm2, xq, qq));
 }
 
 /// Bytes of one block index of Code in the packed codes (index bits / 8).
@@ -195,10 +201,9 @@ template <class Code>
 inline constexpr int kIndexBytes = Code::kIndexBits / 8;
 
 /// Encodes one already-rotated vector x[0..d) (d a multiple of 8, d <= kMaxCodecHeadDim):
-/// d/8 little-endian indices of kIndexBytes<Code> bytes each, plus the fp16 gain bits.
+/// d/8 little-endian indices of kIndexBytes<Code> bytes each; returns the gain.
 template <class Code>
-E8KV_HD inline void encode_rotated_vector(const float* x, int d, float scale, GainPolicy policy, uint8_t* codes,
-                                          uint16_t* gain_bits) {
+E8KV_HD inline float encode_rotated_vector_gain(const float* x, int d, float scale, GainPolicy policy, uint8_t* codes) {
   constexpr int kBytes = kIndexBytes<Code>;
   const int blocks = d / 8;
   double norm_part[kMaxCodecHeadDim / 8], xq_part[kMaxCodecHeadDim / 8], qq_part[kMaxCodecHeadDim / 8];  // [0, blocks) written before read
@@ -237,7 +242,14 @@ E8KV_HD inline void encode_rotated_vector(const float* x, int d, float scale, Ga
 #endif
   const double xq = pairwise_tree_sum(xq_part, blocks);
   const double qq = pairwise_tree_sum(qq_part, blocks);
-  *gain_bits = gain_bits_from_stats(policy, norm2, xq, qq);
+  return gain_from_stats(policy, norm2, xq, qq);
+}
+
+/// encode_rotated_vector_gain with the gain stored as fp16 bits.
+template <class Code>
+E8KV_HD inline void encode_rotated_vector(const float* x, int d, float scale, GainPolicy policy, uint8_t* codes,
+                                          uint16_t* gain_bits) {
+  *gain_bits = float_to_fp16_bits(encode_rotated_vector_gain<Code>(x, d, scale, policy, codes));
 }
 
 /// Decodes one 8-block: gain·decode(index), the product unfused (the same float on every device).
@@ -263,29 +275,69 @@ E8KV_HD inline bool is_codec_head_dim(int d) {
   return d > 0 && d % 8 == 0 && d <= kMaxCodecHeadDim && transform::is_supported_hadamard_dim(d);
 }
 
-/// Encodes a value: rotate, then gain + block codes. Returns false (nothing written) when
-/// head_dim is not supported.
+/// Subtracts the mean from a value and returns nothing else to do: v − μ in place (μ null: none).
+E8KV_HD inline void prepare_value(float* v, int d, const float* mean) {
+  if (mean != nullptr)
+    for (int i = 0; i < d; ++i) v[i] = fp::add(v[i], -mean[i]);
+}
+
+/// The centring and channel scaling of a post-RoPE key k before the codec proper, in place:
+///   kPostRope: S·(k − μ);   kPreRope and kRopeResidual: S·(k − R_t·μ)
+/// (μ null: no centring, S null: no scaling). `mean_rope` is the table μ is turned with (every
+/// rotary pair); for kPreRope the codec then removes RoPE from the result (encode_key_vector
+/// with the table), so the pre-RoPE code is R_t⁻¹·S·(k − R_t·μ) = S·(R_t⁻¹·k − μ).
+E8KV_HD inline void prepare_key(float* k, int d, const float* mean, const float* channel_scale,
+                                const RopeTableView& mean_rope, transform::KeyFrame frame, int32_t position) {
+  if (mean != nullptr) {
+    float mu[kMaxCodecHeadDim];
+    for (int i = 0; i < d; ++i) mu[i] = mean[i];
+    if (frame != transform::KeyFrame::kPostRope) rope_table_rotate(mu, mean_rope, position, /*inverse=*/false);
+    for (int i = 0; i < d; ++i) k[i] = fp::add(k[i], -mu[i]);
+  }
+  if (channel_scale != nullptr)
+    for (int i = 0; i < d; ++i) k[i] = fp::mul(k[i], channel_scale[i]);
+}
+
+/// Encodes a (prepared) value: rotate, then gain + block codes; returns the gain, or −1 (nothing
+/// written) when head_dim is not supported.
 template <class Code>
-E8KV_HD inline bool encode_value_vector(const float* v, const VectorCodecArgs& a, uint8_t* codes, uint16_t* gain_bits) {
-  if (!is_codec_head_dim(a.head_dim)) return false;
+E8KV_HD inline float encode_value_vector_gain(const float* v, const VectorCodecArgs& a, uint8_t* codes) {
+  if (!is_codec_head_dim(a.head_dim)) return -1.f;
   float tmp[kMaxCodecHeadDim];
   for (int i = 0; i < a.head_dim; ++i) tmp[i] = v[i];
   transform::randomized_hadamard_forward(a.head_dim, a.sign_bits, tmp);
-  encode_rotated_vector<Code>(tmp, a.head_dim, a.scale, a.gain, codes, gain_bits);
-  return true;
+  return encode_rotated_vector_gain<Code>(tmp, a.head_dim, a.scale, a.gain, codes);
 }
 
-/// Encodes a post-RoPE key: RoPE removed at `position` when rope.table is set (keys stored
-/// pre-RoPE), then as a value. Returns false when head_dim is not supported.
+/// Encodes a (prepared) key: RoPE removed at `position` when rope.table is set (keys stored
+/// pre-RoPE), then as a value. Returns the gain, or −1 when head_dim is not supported.
 template <class Code>
-E8KV_HD inline bool encode_key_vector(const float* k, const VectorCodecArgs& a, const RopeTableView& rope,
-                                      int32_t position, uint8_t* codes, uint16_t* gain_bits) {
-  if (!is_codec_head_dim(a.head_dim) || rope.rotary_dim > a.head_dim) return false;
+E8KV_HD inline float encode_key_vector_gain(const float* k, const VectorCodecArgs& a, const RopeTableView& rope,
+                                            int32_t position, uint8_t* codes) {
+  if (!is_codec_head_dim(a.head_dim) || rope.rotary_dim > a.head_dim) return -1.f;
   float tmp[kMaxCodecHeadDim];
   for (int i = 0; i < a.head_dim; ++i) tmp[i] = k[i];
   if (rope.table != nullptr) rope_table_rotate(tmp, rope, position, /*inverse=*/true);
   transform::randomized_hadamard_forward(a.head_dim, a.sign_bits, tmp);
-  encode_rotated_vector<Code>(tmp, a.head_dim, a.scale, a.gain, codes, gain_bits);
+  return encode_rotated_vector_gain<Code>(tmp, a.head_dim, a.scale, a.gain, codes);
+}
+
+/// encode_value_vector_gain with the gain as fp16 bits; false when head_dim is not supported.
+template <class Code>
+E8KV_HD inline bool encode_value_vector(const float* v, const VectorCodecArgs& a, uint8_t* codes, uint16_t* gain_bits) {
+  const float g = encode_value_vector_gain<Code>(v, a, codes);
+  if (g < 0.f) return false;
+  *gain_bits = float_to_fp16_bits(g);
+  return true;
+}
+
+/// encode_key_vector_gain with the gain as fp16 bits; false when head_dim is not supported.
+template <class Code>
+E8KV_HD inline bool encode_key_vector(const float* k, const VectorCodecArgs& a, const RopeTableView& rope,
+                                      int32_t position, uint8_t* codes, uint16_t* gain_bits) {
+  const float g = encode_key_vector_gain<Code>(k, a, rope, position, codes);
+  if (g < 0.f) return false;
+  *gain_bits = float_to_fp16_bits(g);
   return true;
 }
 

@@ -1,0 +1,350 @@
+// LayerWrite: the window, the flush rule, means, channel scales and gain codes (cache_writer.hpp).
+//
+// The flush rule. After a write, a position set's window holds its pinned sinks, then the tokens
+// not yet coded. While at least residual_length + flush_block unpinned tokens wait (and, before a
+// set's first flush with centring, at least mean_tokens), the oldest of them are coded in whole
+// flush_block blocks, leaving residual_length or more. The coded count is a function of the kept
+// count only, and every rule below is fixed by token order, never by how the tokens were split
+// into calls: so compressing a sequence at once gives the same bytes as compressing any prefix
+// and appending the rest.
+//  - Sinks: the sequence's first `sinks` tokens stay fp16 in the window for good, whichever call
+//    brought them.
+//  - Means: from the first mean_tokens unpinned tokens, keys in the frame they are subtracted in
+//    (RoPE removed by the same table that turns the mean back for each key).
+//  - Channel scales: from the same tokens and the first chunk's observation queries.
+//  - 8-bit gain reference: the geometric mean of the float gains of the first flush_block coded
+//    tokens; gains are coded once, from float.
+#include "cache_writer.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "e8kv/error.hpp"
+#include "e8kv/numeric/half.hpp"
+#include "e8kv/quant/gain_code.hpp"
+
+namespace e8kv::detail {
+namespace {
+
+// Key channel scales s_i = ((w_i + f·w̄)/(σ_i² + f·σ̄²))^e, geometric mean 1, pair-averaged
+// energies (so S commutes with RoPE). The floor f: a channel the 32 observation queries barely
+// touch may still matter later, and a near-constant key channel must not get an unbounded scale.
+// The exponent is below the Cauchy–Schwarz optimum 1/4: the energies are estimated from few
+// queries, so the scales shrink toward 1. Both chosen on SmolLM2 at ctx 1024 (docs/accuracy.md,
+// "Query-weighted keys"); KL varied by ±15 % over floor 0.01–0.5 and exponent 0.1–0.35.
+constexpr double kScaleFloor = 0.2;
+constexpr double kScaleExponent = 0.2;
+
+std::vector<uint16_t> channel_scales(const CacheCodecs& codecs, const std::vector<float>& query_energy,
+                                     const std::vector<double>& key_energy) {
+  const int d = codecs.layout().head_dim;
+  std::vector<float> sigma2(static_cast<size_t>(d));
+  double mean_w = 0, mean_s = 0;
+  for (int i = 0; i < d; ++i) {
+    sigma2[static_cast<size_t>(i)] = static_cast<float>(key_energy[static_cast<size_t>(i)]);
+    mean_w += query_energy[static_cast<size_t>(i)] / d;
+  }
+  codecs.average_rope_pairs(sigma2.data());
+  for (float s : sigma2) mean_s += static_cast<double>(s) / d;
+  std::vector<double> s(static_cast<size_t>(d));
+  double log_sum = 0;
+  for (int i = 0; i < d; ++i) {
+    const double w = query_energy[static_cast<size_t>(i)] + kScaleFloor * mean_w + 1e-30;
+    const double e = sigma2[static_cast<size_t>(i)] + kScaleFloor * mean_s + 1e-30;
+    s[static_cast<size_t>(i)] = std::pow(w / e, kScaleExponent);
+    log_sum += std::log(s[static_cast<size_t>(i)]);
+  }
+  const double norm = std::exp(-log_sum / d);  // geometric mean 1 (the gain absorbs any scale)
+  std::vector<uint16_t> out(static_cast<size_t>(d));
+  for (int i = 0; i < d; ++i) out[static_cast<size_t>(i)] = float_to_fp16_bits(static_cast<float>(s[static_cast<size_t>(i)] * norm));
+  return out;
+}
+
+/// The 8-bit gains' reference: the geometric mean of the positive gains among the first n, as
+/// fp16 (kept positive).
+uint16_t gain_reference(const float* gains, size_t n) {
+  double log_sum = 0;
+  int count = 0;
+  for (size_t i = 0; i < n; ++i)
+    if (gains[i] > 0.f) {
+      log_sum += std::log2(static_cast<double>(gains[i]));
+      ++count;
+    }
+  uint16_t ref = float_to_fp16_bits(count > 0 ? static_cast<float>(std::exp2(log_sum / count)) : 1.0f);
+  if (ref == 0) ref = float_to_fp16_bits(6.1e-5f);
+  return ref;
+}
+
+std::vector<float> half_to_float_vector(const std::vector<uint16_t>& h) {
+  std::vector<float> f(h.size());
+  fp16_bits_to_floats(h.data(), f.data(), h.size());
+  return f;
+}
+
+/// fp16 bits of x[0..n), in a vector of exactly n.
+std::vector<uint16_t> to_half_vector(const std::vector<double>& x, double divisor) {
+  std::vector<uint16_t> out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) out[i] = float_to_fp16_bits(static_cast<float>(x[i] / divisor));
+  return out;
+}
+
+/// Grows a vector's capacity for `extra` more elements: exactly, or by at least a sixteenth.
+template <class T>
+void reserve_more(std::vector<T>& v, size_t extra, bool exact) {
+  const size_t need = v.size() + extra;
+  if (need <= v.capacity()) return;
+  v.reserve(exact ? need : std::max(need, v.capacity() + v.capacity() / 16));
+}
+
+/// Appends without allocating (capacity reserved before).
+template <class T>
+void append(std::vector<T>& v, const std::vector<T>& more) noexcept {
+  v.insert(v.end(), more.begin(), more.end());
+}
+
+}  // namespace
+
+LayerWrite::LayerWrite(const CompressedKV& cache, int layer, LayerInput input) : layer_(layer), input_(std::move(input)) {
+  const CacheCodecs& codecs = cache.codecs();
+  const CacheLayout& L = codecs.layout();
+  const auto& ld = cache.layer(layer);
+  const int d = L.head_dim;
+  const size_t n_sets = ld.positions.size();
+  require(input_.positions.size() == n_sets && input_.keys.size() == static_cast<size_t>(L.n_kv_heads) &&
+              input_.values.size() == input_.keys.size(),
+          "LayerWrite: input does not match the cache's position sets and heads");
+  const auto kc = L.key_codec[static_cast<size_t>(layer)], vc = L.value_codec[static_cast<size_t>(layer)];
+  const bool k_coded = kc != quant::Codec::kFp16, v_coded = vc != quant::Codec::kFp16;
+  const size_t kcb = codecs.code_bytes(layer, KvKind::kKey), vcb = codecs.code_bytes(layer, KvKind::kValue);
+  pinned_after_ = ld.pinned + input_.sinks;
+  const int64_t p = pinned_after_;
+  const std::vector<std::vector<float>>& energy = ld.query_energy.empty() ? input_.query_energy : ld.query_energy;
+  sets_.resize(n_sets);
+  heads_.resize(static_cast<size_t>(L.n_kv_heads));
+  size_t staged_total = 0;
+  for (const auto& s : input_.positions) staged_total += s.size();
+
+  bool any_flush = false;
+  for (size_t s = 0; s < n_sets; ++s) {
+    const int h_begin = n_sets == 1 ? 0 : static_cast<int>(s);
+    const int h_end = n_sets == 1 ? L.n_kv_heads : static_cast<int>(s) + 1;
+    const auto& old_wpos = ld.window_positions[s];
+    const auto& new_pos = input_.positions[s];
+    const int64_t w_old = static_cast<int64_t>(old_wpos.size());
+    const int64_t w_after = w_old + static_cast<int64_t>(new_pos.size());
+    // Window-after token i: an old window token (i < w_old) or a new one.
+    auto position_at = [&](int64_t i) { return i < w_old ? old_wpos[static_cast<size_t>(i)] : new_pos[static_cast<size_t>(i - w_old)]; };
+    const int64_t flushable = w_after - p;
+    const bool first_flush = ld.positions[s].empty();
+    const bool need_mean = L.center && (k_coded || v_coded) && first_flush;
+    int64_t threshold = static_cast<int64_t>(L.residual_length) + L.flush_block;
+    if (need_mean) threshold = std::max<int64_t>(threshold, L.mean_tokens);
+    const int64_t move = flushable < threshold ? 0 : (flushable - L.residual_length) / L.flush_block * L.flush_block;
+    SetPlan& sp = sets_[s];
+    std::vector<int32_t> moved_positions(static_cast<size_t>(move));
+    for (int64_t i = 0; i < move; ++i) moved_positions[static_cast<size_t>(i)] = position_at(p + i);
+    sp.coded_positions = moved_positions;
+    any_flush = any_flush || move > 0;
+    if (move == 0) continue;
+    for (int h = h_begin; h < h_end; ++h) {
+      const auto& hd = ld.heads[static_cast<size_t>(h)];
+      HeadPlan& hp = heads_[static_cast<size_t>(h)];
+      const auto& new_k = input_.keys[static_cast<size_t>(h)];
+      const auto& new_v = input_.values[static_cast<size_t>(h)];
+      auto key_row = [&](int64_t i) {
+        return i < w_old ? &hd.window_keys[static_cast<size_t>(i * d)] : &new_k[static_cast<size_t>((i - w_old) * d)];
+      };
+      auto value_row = [&](int64_t i) {
+        return i < w_old ? &hd.window_values[static_cast<size_t>(i * d)] : &new_v[static_cast<size_t>((i - w_old) * d)];
+      };
+      // The rows to code, contiguous.
+      std::vector<uint16_t> krows(static_cast<size_t>(move * d)), vrows(static_cast<size_t>(move * d));
+      for (int64_t i = 0; i < move; ++i) {
+        std::memcpy(&krows[static_cast<size_t>(i * d)], key_row(p + i), static_cast<size_t>(d) * 2);
+        std::memcpy(&vrows[static_cast<size_t>(i * d)], value_row(p + i), static_cast<size_t>(d) * 2);
+      }
+      // Means (and key channel scales) at the set's first flush, from its first mean_tokens
+      // unpinned tokens: the first rows coded now.
+      std::vector<float> key_mean, value_mean, key_scale;
+      if (!hd.key_mean.empty()) key_mean = half_to_float_vector(hd.key_mean);
+      if (!hd.value_mean.empty()) value_mean = half_to_float_vector(hd.value_mean);
+      if (!hd.key_channel_scale.empty()) key_scale = half_to_float_vector(hd.key_channel_scale);
+      if (need_mean) {
+        // The set's first mean_tokens unpinned tokens: window-after tokens [p, p + mean_tokens).
+        const int64_t m = L.mean_tokens;
+        std::vector<double> km(static_cast<size_t>(d), 0.0), vm(static_cast<size_t>(d), 0.0);
+        std::vector<float> k(static_cast<size_t>(d)), v(static_cast<size_t>(d));
+        for (int64_t t = p; t < p + m; ++t) {
+          fp16_bits_to_floats(key_row(t), k.data(), static_cast<size_t>(d));
+          fp16_bits_to_floats(value_row(t), v.data(), static_cast<size_t>(d));
+          if (L.key_frame != transform::KeyFrame::kPostRope) codecs.remove_rope_fast(k.data(), position_at(t));
+          for (int i = 0; i < d; ++i) {
+            km[static_cast<size_t>(i)] += k[static_cast<size_t>(i)];
+            vm[static_cast<size_t>(i)] += v[static_cast<size_t>(i)];
+          }
+        }
+        if (k_coded) {
+          hp.key_mean = to_half_vector(km, static_cast<double>(m));
+          key_mean = half_to_float_vector(hp.key_mean);
+        }
+        if (v_coded) {
+          hp.value_mean = to_half_vector(vm, static_cast<double>(m));
+          value_mean = half_to_float_vector(hp.value_mean);
+        }
+        if (k_coded && L.query_weighted_keys && !energy.empty()) {
+          // Key energies of the centred keys in the engine's frame (pair-averaged: RoPE-invariant).
+          std::vector<double> e(static_cast<size_t>(d), 0.0);
+          std::vector<float> mu(static_cast<size_t>(d));
+          for (int64_t t = p; t < p + m; ++t) {
+            fp16_bits_to_floats(key_row(t), k.data(), static_cast<size_t>(d));
+            mu = key_mean;
+            if (L.key_frame != transform::KeyFrame::kPostRope) codecs.apply_rope_fast(mu.data(), position_at(t));
+            for (int i = 0; i < d; ++i) {
+              const double c = static_cast<double>(k[static_cast<size_t>(i)] - mu[static_cast<size_t>(i)]);
+              e[static_cast<size_t>(i)] += c * c;
+            }
+          }
+          for (auto& x : e) x /= static_cast<double>(m);
+          hp.key_channel_scale = channel_scales(codecs, energy[static_cast<size_t>(h)], e);
+          key_scale = half_to_float_vector(hp.key_channel_scale);
+        }
+      }
+      // Codes and float gains.
+      CacheCodecs::HeadState ks, vs;
+      ks.mean = key_mean.empty() ? nullptr : key_mean.data();
+      ks.channel_scale = key_scale.empty() ? nullptr : key_scale.data();
+      vs.mean = value_mean.empty() ? nullptr : value_mean.data();
+      std::vector<float> kg(static_cast<size_t>(move)), vg(static_cast<size_t>(move));
+      hp.key_codes.resize(static_cast<size_t>(move) * kcb);
+      hp.value_codes.resize(static_cast<size_t>(move) * vcb);
+      codecs.encode(layer, h, KvKind::kKey, static_cast<size_t>(move), krows.data(), moved_positions.data(), ks,
+                    hp.key_codes.data(), kg.data());
+      codecs.encode(layer, h, KvKind::kValue, static_cast<size_t>(move), vrows.data(), moved_positions.data(), vs,
+                    hp.value_codes.data(), vg.data());
+      // Gains, coded once from float.
+      auto code_gains = [&](const std::vector<float>& g, uint16_t old_ref, std::vector<uint16_t>& fp16,
+                            std::vector<uint8_t>& codes8, uint16_t& new_ref) {
+        if (L.gain_bits == 16) {
+          fp16.resize(g.size());
+          for (size_t i = 0; i < g.size(); ++i) fp16[i] = float_to_fp16_bits(g[i]);
+          return;
+        }
+        uint16_t ref = old_ref;
+        if (ref == 0) {  // first flush: the reference of the first flush_block coded tokens
+          ref = new_ref = gain_reference(g.data(), std::min<size_t>(g.size(), static_cast<size_t>(L.flush_block)));
+        }
+        const float r = fp16_bits_to_float(ref);
+        codes8.resize(g.size());
+        for (size_t i = 0; i < g.size(); ++i) codes8[i] = quant::gain_to_code(g[i], r);
+      };
+      if (k_coded) code_gains(kg, hd.key_gain_ref, hp.key_gains, hp.key_gain_codes, hp.key_gain_ref);
+      if (v_coded) code_gains(vg, hd.value_gain_ref, hp.value_gains, hp.value_gain_codes, hp.value_gain_ref);
+    }
+  }
+  // The window after the write: pinned tokens, then the tokens not coded. Rebuilt (exact size)
+  // when a flush happened or several tokens arrived; a lone token without a flush is pushed.
+  rebuild_window_ = any_flush || staged_total != n_sets;
+  if (!rebuild_window_) return;
+  for (size_t s = 0; s < n_sets; ++s) {
+    const int h_begin = n_sets == 1 ? 0 : static_cast<int>(s);
+    const int h_end = n_sets == 1 ? L.n_kv_heads : static_cast<int>(s) + 1;
+    const auto& old_wpos = ld.window_positions[s];
+    const auto& new_pos = input_.positions[s];
+    const int64_t w_old = static_cast<int64_t>(old_wpos.size());
+    const int64_t w_after = w_old + static_cast<int64_t>(new_pos.size());
+    const int64_t move = static_cast<int64_t>(sets_[s].coded_positions.size());
+    auto keep = [&](int64_t i) { return i < p || i >= p + move; };
+    auto& wp = sets_[s].window_positions;
+    wp.reserve(static_cast<size_t>(w_after - move));
+    for (int64_t i = 0; i < w_after; ++i)
+      if (keep(i)) wp.push_back(i < w_old ? old_wpos[static_cast<size_t>(i)] : new_pos[static_cast<size_t>(i - w_old)]);
+    for (int h = h_begin; h < h_end; ++h) {
+      const auto& hd = ld.heads[static_cast<size_t>(h)];
+      HeadPlan& hp = heads_[static_cast<size_t>(h)];
+      hp.window_keys.reserve(static_cast<size_t>((w_after - move) * d));
+      hp.window_values.reserve(static_cast<size_t>((w_after - move) * d));
+      for (int64_t i = 0; i < w_after; ++i) {
+        if (!keep(i)) continue;
+        const uint16_t* k = i < w_old ? &hd.window_keys[static_cast<size_t>(i * d)]
+                                      : &input_.keys[static_cast<size_t>(h)][static_cast<size_t>((i - w_old) * d)];
+        const uint16_t* v = i < w_old ? &hd.window_values[static_cast<size_t>(i * d)]
+                                      : &input_.values[static_cast<size_t>(h)][static_cast<size_t>((i - w_old) * d)];
+        hp.window_keys.insert(hp.window_keys.end(), k, k + d);
+        hp.window_values.insert(hp.window_values.end(), v, v + d);
+      }
+    }
+  }
+}
+
+void LayerWrite::reserve(CompressedKV& cache, bool exact) {
+  auto& ld = CacheStorage::layer(cache, layer_);
+  const int d = cache.layout().head_dim;
+  for (size_t s = 0; s < sets_.size(); ++s) {
+    reserve_more(ld.positions[s], sets_[s].coded_positions.size(), exact);
+    if (!rebuild_window_) reserve_more(ld.window_positions[s], input_.positions[s].size(), false);
+  }
+  for (size_t h = 0; h < heads_.size(); ++h) {
+    auto& hd = ld.heads[h];
+    const HeadPlan& hp = heads_[h];
+    reserve_more(hd.key_codes, hp.key_codes.size(), exact);
+    reserve_more(hd.value_codes, hp.value_codes.size(), exact);
+    reserve_more(hd.key_gains, hp.key_gains.size(), exact);
+    reserve_more(hd.value_gains, hp.value_gains.size(), exact);
+    reserve_more(hd.key_gain_codes, hp.key_gain_codes.size(), exact);
+    reserve_more(hd.value_gain_codes, hp.value_gain_codes.size(), exact);
+    if (!rebuild_window_) {
+      // Room for the window to fill up to its next flush without reallocating.
+      const CacheLayout& L = cache.layout();
+      // Before a set's first flush with centring, the window also waits for the mean tokens.
+      const size_t set = ld.positions.size() == 1 ? 0 : h;
+      const bool means_pending = L.center && ld.positions[set].empty();
+      const size_t rows = static_cast<size_t>(pinned_after_ + L.residual_length + L.flush_block +
+                                              (means_pending ? L.mean_tokens : 0));
+      if (hd.window_keys.capacity() < hd.window_keys.size() + input_.keys[h].size()) {
+        hd.window_keys.reserve(std::max(hd.window_keys.size() + input_.keys[h].size(), rows * d));
+        hd.window_values.reserve(std::max(hd.window_values.size() + input_.values[h].size(), rows * d));
+      }
+    }
+  }
+  if (!input_.query_energy.empty() && ld.query_energy.empty()) ld.query_energy.reserve(input_.query_energy.size());
+}
+
+void LayerWrite::commit(CompressedKV& cache) noexcept {
+  auto& ld = CacheStorage::layer(cache, layer_);
+  for (size_t s = 0; s < sets_.size(); ++s) {
+    append(ld.positions[s], sets_[s].coded_positions);
+    if (rebuild_window_)
+      ld.window_positions[s].swap(sets_[s].window_positions);
+    else
+      append(ld.window_positions[s], input_.positions[s]);
+  }
+  for (size_t h = 0; h < heads_.size(); ++h) {
+    auto& hd = ld.heads[h];
+    HeadPlan& hp = heads_[h];
+    append(hd.key_codes, hp.key_codes);
+    append(hd.value_codes, hp.value_codes);
+    append(hd.key_gains, hp.key_gains);
+    append(hd.value_gains, hp.value_gains);
+    append(hd.key_gain_codes, hp.key_gain_codes);
+    append(hd.value_gain_codes, hp.value_gain_codes);
+    if (!hp.key_mean.empty()) hd.key_mean.swap(hp.key_mean);
+    if (!hp.value_mean.empty()) hd.value_mean.swap(hp.value_mean);
+    if (!hp.key_channel_scale.empty()) hd.key_channel_scale.swap(hp.key_channel_scale);
+    if (hp.key_gain_ref != 0) hd.key_gain_ref = hp.key_gain_ref;
+    if (hp.value_gain_ref != 0) hd.value_gain_ref = hp.value_gain_ref;
+    if (rebuild_window_) {
+      hd.window_keys.swap(hp.window_keys);
+      hd.window_values.swap(hp.window_values);
+    } else {
+      append(hd.window_keys, input_.keys[h]);
+      append(hd.window_values, input_.values[h]);
+    }
+  }
+  if (!input_.query_energy.empty() && ld.query_energy.empty()) ld.query_energy.swap(input_.query_energy);
+  ld.pinned = pinned_after_;
+  ld.original_tokens += input_.given;
+}
+
+}  // namespace e8kv::detail

@@ -1,0 +1,62 @@
+// Writing a compressed cache: new tokens enter the fp16 window, whole blocks of it are coded
+// (means, channel scales and gain references estimated on the way). The compressor is the only
+// caller; internal (not installed).
+//
+// Every write is planned in full before the cache changes (the codes, gains, means and scales it
+// will add are computed aside), its allocations are made next (capacities only), and the commit
+// neither allocates nor throws: a call that fails leaves the cache exactly as it was.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "e8kv/cache/compressed_kv.hpp"
+
+namespace e8kv::detail {
+
+/// The new tokens of one layer, validated and rounded to fp16, before anything is written.
+struct LayerInput {
+  std::vector<std::vector<int32_t>> positions;      ///< per position set: the kept tokens' positions
+  std::vector<std::vector<uint16_t>> keys, values;  ///< per KV head: those tokens' rows, fp16 bits
+  int64_t sinks = 0;  ///< leading kept tokens that are among the sequence's first `sinks` (kept in fp16)
+  int64_t given = 0;  ///< tokens given to the layer, before eviction
+  std::vector<std::vector<float>> query_energy;  ///< per head (query-weighted keys), or empty
+};
+
+/// One layer's write: planned by the constructor, then reserve() and commit().
+class LayerWrite {
+ public:
+  /// Plans writing `input` to `layer` and every flush it triggers. May throw; the cache is untouched.
+  LayerWrite(const CompressedKV& cache, int layer, LayerInput input);
+  /// Makes the allocations commit() needs; changes capacities only, never contents. exact: the
+  /// touched buffers end up holding exactly what they store (compress, extend); otherwise code
+  /// buffers grow by a sixteenth at a time (append).
+  void reserve(CompressedKV& cache, bool exact);
+  /// Applies the planned write. Needs reserve() first; never allocates, never throws.
+  void commit(CompressedKV& cache) noexcept;
+
+ private:
+  struct HeadPlan {
+    std::vector<uint8_t> key_codes, value_codes;
+    std::vector<uint16_t> key_gains, value_gains;     // gain_bits 16
+    std::vector<uint8_t> key_gain_codes, value_gain_codes;  // gain_bits 8
+    std::vector<uint16_t> key_mean, value_mean, key_channel_scale;  // set by this write (first flush)
+    uint16_t key_gain_ref = 0, value_gain_ref = 0;    // set by this write (first flush)
+    std::vector<uint16_t> window_keys, window_values;  // the window after the write (rebuilt, exact)
+  };
+  struct SetPlan {
+    std::vector<int32_t> coded_positions;   // window tokens coded by this write, in order
+    std::vector<int32_t> window_positions;  // the set's window after the write (when rebuilt)
+  };
+
+  int layer_;
+  LayerInput input_;
+  int64_t pinned_after_ = 0;
+  // The window is rebuilt (new vectors of exact size, swapped in) when tokens are coded or more
+  // than one arrives; a lone appended token without a flush is pushed in place.
+  bool rebuild_window_ = false;
+  std::vector<SetPlan> sets_;
+  std::vector<HeadPlan> heads_;
+};
+
+}  // namespace e8kv::detail
