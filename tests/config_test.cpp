@@ -39,7 +39,7 @@ void expect_config_eq(const Config& a, const Config& b, const std::string& where
     EXPECT_EQ(a.layer_rates[l].value, b.layer_rates[l].value) << "layer " << l;
   }
   EXPECT_EQ(a.rotation_seed, b.rotation_seed);
-  EXPECT_EQ(a.keys_pre_rope, b.keys_pre_rope);
+  EXPECT_EQ(a.key_frame, b.key_frame);
   EXPECT_EQ(a.rope.layout, b.rope.layout);
   EXPECT_EQ(a.rope.head_dim, b.rope.head_dim);
   EXPECT_EQ(a.rope.rotary_dim, b.rope.rotary_dim);
@@ -82,7 +82,7 @@ TEST(ConfigFields, ExpectConfigEqCoversEveryField) {
     int protect_boundary;
     std::vector<LayerRate> layer_rates;
     uint64_t rotation_seed;
-    bool keys_pre_rope;
+    transform::KeyFrame key_frame;
     transform::RopeParams rope;
     double eviction_rate;
     int sinks, recent_window;
@@ -157,7 +157,7 @@ TEST(ConfigDescribe, RoundTripsRandomValidConfigs) {
         c.layer_rates.push_back({static_cast<quant::Codec>(pick(quant::kCodecCount)),
                                  static_cast<quant::Codec>(pick(quant::kCodecCount))});
     c.rotation_seed = rng();
-    c.keys_pre_rope = pick(2) == 1;
+    c.key_frame = static_cast<transform::KeyFrame>(pick(3));
     c.rope.layout = static_cast<transform::RopeLayout>(pick(2));
     c.rope.head_dim = pick(2) == 0 ? 128 : 0;
     c.rope.rotary_dim = 2 * pick(65);

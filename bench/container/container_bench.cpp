@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "container/stream_transform.hpp"  // internal: the bench measures transforms outside the format
 #include "testing/cache_digest.hpp"
 #include "e8kv/codebook/e8p.hpp"
 #include "e8kv/codebook/rvq.hpp"
@@ -469,7 +470,7 @@ void write_golden(const std::string& dir) {
   entropy::ContainerOptions o;
   o.chunk_tokens = 32;
   // Eviction with a shared position set, a residual window, appended tokens.
-  cache_entry("k3v2_evict_window.e8kv", s, Config::parse("preset=high,residual=8,flush=16,sinks=2,recent=8,mean_tokens=16"), 12, o);
+  cache_entry("k3v2_evict_window.e8kv", s, Config::parse("preset=high,residual=8,flush=16,sinks=2,recent=8,mean_tokens=16,qweight=0,gain_bits=16"), 12, o);
   // Per-head positions, post-RoPE keys, one rate per layer (ball/voronoi, rvq4/e8p), yarn RoPE
   // scaling, partial rotary, gain policies; every transform chosen adaptively.
   {
@@ -478,7 +479,7 @@ void write_golden(const std::string& dir) {
     s2.tokens = 48;
     s2.seed = 12;
     Config cfg = Config::parse("evict=0.4,per_head=1,rope=post,key_gain=unbiased,value_gain=ls,recent=8,"
-                               "residual=3,flush=8,mean_tokens=8,sinks=3");
+                               "residual=3,flush=8,mean_tokens=8,sinks=3,qweight=0,gain_bits=16");
     cfg.layer_rates = {LayerRate{quant::Codec::kBall3, quant::Codec::kVoronoi2},
                        LayerRate{quant::Codec::kRvq4, quant::Codec::kE8P}};
     cfg.rope.scaling = transform::RopeScaling::kYarn;
@@ -496,7 +497,7 @@ void write_golden(const std::string& dir) {
     synth::SyntheticSpec s3 = s;
     s3.tokens = 20;
     s3.seed = 13;
-    cache_entry("lossless_fp16.e8kv", s3, Config::parse("preset=lossless,residual=4,flush=8,sinks=2"), 0, o);
+    cache_entry("lossless_fp16.e8kv", s3, Config::parse("preset=lossless,residual=4,flush=8,sinks=2,qweight=0,gain_bits=16"), 0, o);
   }
   // Plain bf16 tensors.
   {
