@@ -10,7 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "e8kv/compressor.hpp"
 #include "e8kv/error.hpp"
+#include "entropy/container_test_util.hpp"  // expect_layout_eq
 #include "testing/test_util.hpp"
 
 namespace {
@@ -136,61 +138,135 @@ TEST(ConfigDescribe, RoundTripsEveryPreset) {
   }
 }
 
-// Random valid configs (Config::validate accepts them for the shape) survive describe -> parse.
-TEST(ConfigDescribe, RoundTripsRandomValidConfigs) {
-  auto rng = test::seeded_rng(1812);
-  const ModelShape shape{6, 2, 8, 128};
+// A random valid config for `shape` (Config::validate accepts it): every field anywhere in its
+// accepted range, starting from a random preset.
+Config random_config(std::mt19937_64& rng, const ModelShape& shape) {
   auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<uint64_t>(n)); };
   auto real = [&](double lo, double hi) { return std::uniform_real_distribution<double>(lo, hi)(rng); };
+  Config c = Config::preset(preset_list()[static_cast<size_t>(pick(10))]);
+  c.key_codec = static_cast<quant::Codec>(pick(quant::kCodecCount));
+  c.value_codec = static_cast<quant::Codec>(pick(quant::kCodecCount));
+  c.key_gain = static_cast<quant::GainPolicy>(pick(3));
+  c.value_gain = static_cast<quant::GainPolicy>(pick(3));
+  c.key_scale = static_cast<float>(real(0.01, 4.0));
+  c.value_scale = pick(4) == 0 ? 1.0f : static_cast<float>(real(1e-3, 10.0));
+  c.protect_boundary = pick(3);
+  c.layer_rates.clear();
+  if (pick(3) == 0)
+    for (int l = 0; l < shape.n_layers; ++l)
+      c.layer_rates.push_back({static_cast<quant::Codec>(pick(quant::kCodecCount)),
+                               static_cast<quant::Codec>(pick(quant::kCodecCount))});
+  c.rotation_seed = rng();
+  c.key_frame = static_cast<transform::KeyFrame>(pick(3));
+  c.rope.layout = static_cast<transform::RopeLayout>(pick(2));
+  c.rope.head_dim = pick(2) == 0 ? 128 : 0;
+  c.rope.rotary_dim = 2 * pick(65);
+  c.rope.theta = pick(2) == 0 ? 10000.0 : real(100.0, 1e7);
+  c.rope.scaling = static_cast<transform::RopeScaling>(pick(5));
+  c.rope.factor = real(1.0, 64.0);
+  c.rope.original_max_position = pick(1 << 20);
+  c.rope.low_freq_factor = real(0.5, 2.0);
+  c.rope.high_freq_factor = real(2.0, 8.0);
+  c.rope.beta_fast = real(8.0, 64.0);
+  c.rope.beta_slow = real(0.5, 2.0);
+  c.rope.attention_factor = pick(2) == 0 ? 0.0 : real(0.5, 2.0);
+  c.eviction_rate = pick(3) == 0 ? 0.0 : real(0.0, 0.99);
+  c.sinks = pick(64);
+  c.recent_window = pick(512);
+  c.scorer = static_cast<select::ScorerKind>(pick(6));
+  c.obs_window = 1 + pick(256);
+  c.pool_kernel = 1 + 2 * pick(8);
+  c.gqa_aggregation = static_cast<select::Aggregation>(pick(2));
+  c.head_aggregation = static_cast<select::Aggregation>(pick(2));
+  c.per_head_selection = pick(2) == 1;
+  c.scorer_seed = rng() >> pick(64);
+  c.residual_length = pick(1000);
+  c.flush_block = 1 + pick(256);
+  c.fp16_sinks = pick(2) == 1;
+  c.center = pick(2) == 1;
+  c.mean_tokens = 1 + pick(1000);
+  c.query_weighted_keys = pick(2) == 1;
+  c.gain_bits = pick(2) == 0 ? 8 : 16;
+  c.softmax_scale = pick(3) == 0 ? 0.f : static_cast<float>(real(-1.0, 1.0));
+  return c;
+}
+
+const ModelShape kShape{6, 2, 8, 128};
+
+// Random valid configs survive describe -> parse.
+TEST(ConfigDescribe, RoundTripsRandomValidConfigs) {
+  auto rng = test::seeded_rng(1812);
   for (int i = 0; i < 400; ++i) {
-    Config c = Config::preset(preset_list()[static_cast<size_t>(pick(10))]);
-    c.key_codec = static_cast<quant::Codec>(pick(quant::kCodecCount));
-    c.value_codec = static_cast<quant::Codec>(pick(quant::kCodecCount));
-    c.key_gain = static_cast<quant::GainPolicy>(pick(3));
-    c.value_gain = static_cast<quant::GainPolicy>(pick(3));
-    c.key_scale = static_cast<float>(real(0.01, 4.0));
-    c.value_scale = pick(4) == 0 ? 1.0f : static_cast<float>(real(1e-3, 10.0));
-    c.protect_boundary = pick(3);
-    c.layer_rates.clear();
-    if (pick(3) == 0)
-      for (int l = 0; l < shape.n_layers; ++l)
-        c.layer_rates.push_back({static_cast<quant::Codec>(pick(quant::kCodecCount)),
-                                 static_cast<quant::Codec>(pick(quant::kCodecCount))});
-    c.rotation_seed = rng();
-    c.key_frame = static_cast<transform::KeyFrame>(pick(3));
-    c.rope.layout = static_cast<transform::RopeLayout>(pick(2));
-    c.rope.head_dim = pick(2) == 0 ? 128 : 0;
-    c.rope.rotary_dim = 2 * pick(65);
-    c.rope.theta = pick(2) == 0 ? 10000.0 : real(100.0, 1e7);
-    c.rope.scaling = static_cast<transform::RopeScaling>(pick(5));
-    c.rope.factor = real(1.0, 64.0);
-    c.rope.original_max_position = pick(1 << 20);
-    c.rope.low_freq_factor = real(0.5, 2.0);
-    c.rope.high_freq_factor = real(2.0, 8.0);
-    c.rope.beta_fast = real(8.0, 64.0);
-    c.rope.beta_slow = real(0.5, 2.0);
-    c.rope.attention_factor = pick(2) == 0 ? 0.0 : real(0.5, 2.0);
-    c.eviction_rate = pick(3) == 0 ? 0.0 : real(0.0, 0.99);
-    c.sinks = pick(64);
-    c.recent_window = pick(512);
-    c.scorer = static_cast<select::ScorerKind>(pick(6));
-    c.obs_window = 1 + pick(256);
-    c.pool_kernel = 1 + 2 * pick(8);
-    c.gqa_aggregation = static_cast<select::Aggregation>(pick(2));
-    c.head_aggregation = static_cast<select::Aggregation>(pick(2));
-    c.per_head_selection = pick(2) == 1;
-    c.scorer_seed = rng() >> pick(64);
-    c.residual_length = pick(1000);
-    c.flush_block = 1 + pick(256);
-    c.fp16_sinks = pick(2) == 1;
-    c.center = pick(2) == 1;
-    c.mean_tokens = 1 + pick(1000);
-    c.query_weighted_keys = pick(2) == 1;
-    c.gain_bits = pick(2) == 0 ? 8 : 16;
-    c.softmax_scale = pick(3) == 0 ? 0.f : static_cast<float>(real(-1.0, 1.0));
-    ASSERT_NO_THROW(c.validate(shape)) << "the generator made an invalid config: " << c.describe();
+    const Config c = random_config(rng, kShape);
+    ASSERT_NO_THROW(c.validate(kShape)) << "the generator made an invalid config: " << c.describe();
     const std::string d = c.describe();
     expect_config_eq(c, Config::parse(d), "config " + std::to_string(i) + ": " + d);
+  }
+}
+
+// make_layout against the copy KVCompressor's constructor made by hand before the field table.
+CacheLayout hand_copy(const Config& c, const ModelShape& shape) {
+  CacheLayout L;
+  L.n_layers = shape.n_layers;
+  L.n_kv_heads = shape.n_kv_heads;
+  L.n_q_heads = shape.n_q_heads;
+  L.head_dim = shape.head_dim;
+  for (int l = 0; l < shape.n_layers; ++l) {
+    const LayerRate r = c.layer_rate(l, shape.n_layers);
+    L.key_codec.push_back(r.key);
+    L.value_codec.push_back(r.value);
+  }
+  L.key_gain = c.key_gain;
+  L.value_gain = c.value_gain;
+  L.key_scale = c.key_scale;
+  L.value_scale = c.value_scale;
+  L.key_frame = c.key_frame;
+  L.rope = c.rope;
+  L.rope.head_dim = shape.head_dim;
+  L.rotation_seed = c.rotation_seed;
+  L.per_head_positions = c.per_head_selection;
+  L.residual_length = c.residual_length;
+  L.flush_block = c.flush_block;
+  L.center = c.center;
+  L.mean_tokens = c.mean_tokens;
+  L.query_weighted_keys = c.query_weighted_keys;
+  L.gain_bits = c.gain_bits;
+  L.softmax_scale = c.softmax_scale;
+  return L;
+}
+
+TEST(ConfigMakeLayout, CopiesEveryLayoutFieldOfEveryPresetAndRandomConfig) {
+  for (const auto& name : preset_list()) {
+    SCOPED_TRACE(name);
+    container_test::expect_layout_eq(hand_copy(Config::preset(name), kShape), make_layout(Config::preset(name), kShape));
+  }
+  auto rng = test::seeded_rng(1813);
+  for (int i = 0; i < 200; ++i) {
+    const Config c = random_config(rng, kShape);
+    SCOPED_TRACE(c.describe());
+    container_test::expect_layout_eq(hand_copy(c, kShape), make_layout(c, kShape));
+  }
+  Config bad;
+  bad.sinks = -1;
+  expect_error([&] { make_layout(bad, kShape); }, "sinks");
+  expect_error([&] { make_layout(Config(), ModelShape{2, 2, 4, 72}); }, "head_dim");
+}
+
+// A compressor's caches carry make_layout's layout (what the compressor is to call).
+TEST(ConfigMakeLayout, IsTheLayoutOfTheCompressorsCaches) {
+  for (const auto& name : preset_list()) {
+    Config c = Config::preset(name);
+    c.rope.scaling = transform::RopeScaling::kLinear;
+    c.rope.factor = 2.0;
+    const ModelShape shape{3, 2, 4, 64};
+    const KVCompressor compressor(shape, c);
+    std::vector<float> none;
+    SequenceKV empty;
+    for (int l = 0; l < shape.n_layers; ++l)
+      empty.layers.push_back({TensorView::nhd(none.data(), DType::kF32, 0, shape.n_kv_heads, shape.head_dim),
+                              TensorView::nhd(none.data(), DType::kF32, 0, shape.n_kv_heads, shape.head_dim)});
+    SCOPED_TRACE(name);
+    container_test::expect_layout_eq(make_layout(c, shape), compressor.compress(empty).layout());
   }
 }
 
