@@ -444,8 +444,10 @@ std::string codecs_string(const CacheLayout& L) {
 
 void write_golden(const std::string& dir) {
   std::string manifest =
-      "# Golden containers written by e8kv-container-bench --write-golden (format version 1).\n"
-      "# name kind digest n_layers n_kv_heads n_q_heads head_dim per_head key_frame codecs\n";
+      "# Golden containers written by e8kv-container-bench --write-golden.\n"
+      "# name kind digest n_layers n_kv_heads n_q_heads head_dim per_head key_frame codecs [format_version]\n"
+      "# (key_frame: 0 post, 1 pre, 2 residual; format_version is omitted for version 1; digests of later\n"
+      "# versions also cover the version-2 fields)\n";
   auto cache_entry = [&](const std::string& name, const synth::SyntheticSpec& s, const Config& cfg, int appended,
                          const entropy::ContainerOptions& o) {
     const Made m = make_kv(s);
@@ -453,10 +455,12 @@ void write_golden(const std::string& dir) {
     const auto bytes = entropy::serialize(cache, o);
     write_bytes(dir + "/" + name, bytes);
     const CacheLayout& L = cache.layout();
-    manifest += name + " cache " + test::cache_digest(cache) + " " + std::to_string(L.n_layers) + " " +
-                std::to_string(L.n_kv_heads) + " " + std::to_string(L.n_q_heads) + " " + std::to_string(L.head_dim) +
-                " " + (L.per_head_positions ? "1" : "0") + " " + std::to_string(static_cast<int>(L.key_frame)) + " " +
-                codecs_string(L) + "\n";
+    const int version = entropy::read_info(bytes.data(), bytes.size()).format_version;
+    manifest += name + " cache " + (version == 1 ? test::cache_digest(cache) : test::cache_digest_v2(cache)) + " " +
+                std::to_string(L.n_layers) + " " + std::to_string(L.n_kv_heads) + " " + std::to_string(L.n_q_heads) +
+                " " + std::to_string(L.head_dim) + " " + (L.per_head_positions ? "1" : "0") + " " +
+                std::to_string(static_cast<int>(L.key_frame)) + " " + codecs_string(L) +
+                (version == 1 ? std::string() : " " + std::to_string(version)) + "\n";
     std::printf("%s: %zu bytes (bytes() %zu)\n", name.c_str(), bytes.size(), cache.bytes());
   };
   synth::SyntheticSpec s;
@@ -498,6 +502,22 @@ void write_golden(const std::string& dir) {
     s3.tokens = 20;
     s3.seed = 13;
     cache_entry("lossless_fp16.e8kv", s3, Config::parse("preset=lossless,residual=4,flush=8,sinks=2,qweight=0,gain_bits=16"), 0, o);
+  }
+  // Format version 2: query-weighted keys (key channel scales) and 8-bit gains (codes and
+  // references), the defaults since version 2; and a cache whose query energy is still pending
+  // (6 tokens, means from 8: nothing flushed yet).
+  {
+    synth::SyntheticSpec s5 = s;
+    s5.tokens = 64;
+    s5.seed = 15;
+    entropy::ContainerOptions o5;
+    o5.chunk_tokens = 16;
+    cache_entry("k3v2_qweight_gain8.e8kv", s5, Config::parse("preset=high,residual=8,flush=16,sinks=2,recent=8,mean_tokens=16"),
+                8, o5);
+    synth::SyntheticSpec s6 = s;
+    s6.tokens = 6;
+    s6.seed = 16;
+    cache_entry("pending_energy.e8kv", s6, Config::parse("preset=high,mean_tokens=8"), 0, o);
   }
   // Plain bf16 tensors.
   {

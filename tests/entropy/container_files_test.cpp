@@ -45,11 +45,15 @@ TEST(ContainerFiles, WriteReadLayerAndInfo) {
   expect_error([&] { ent::write_file("/nonexistent-dir/x.e8kv", m.cache); }, "cannot open");
 }
 
-TEST(ContainerGolden, FilesOfFormatVersion1ReadBack) {
+// Every golden file reads back: header fields as the manifest lists them, the content digest the
+// writer took from the in-memory cache before serializing it (version 2 files: including the
+// version-2 fields), partial reads equal to the full read, and a re-serialization that reads
+// back equal. Version-1 files are those written before version 2 existed.
+TEST(ContainerGolden, FilesOfEveryFormatVersionReadBack) {
   std::ifstream manifest(data_dir() + "/golden.txt");
   ASSERT_TRUE(manifest.good()) << "tests/data/golden.txt is missing";
   std::string line;
-  int files = 0;
+  int files = 0, files_v2 = 0;
   while (std::getline(manifest, line)) {
     if (line.empty() || line[0] == '#') continue;
     std::istringstream in(line);
@@ -57,11 +61,13 @@ TEST(ContainerGolden, FilesOfFormatVersion1ReadBack) {
     int layers, kv_heads, q_heads, head_dim, per_head, pre_rope;
     ASSERT_TRUE(in >> name >> kind >> digest >> layers >> kv_heads >> q_heads >> head_dim >> per_head >> pre_rope >> codecs)
         << line;
+    int version = 1;
+    if (!(in >> version)) version = 1;
     SCOPED_TRACE(name);
     const auto bytes = read_all(data_dir() + "/" + name);
     ASSERT_FALSE(bytes.empty());
     const auto info = ent::read_info(bytes.data(), bytes.size());
-    EXPECT_EQ(info.format_version, 1);
+    EXPECT_EQ(info.format_version, version);
     if (kind == "plain") {
       EXPECT_EQ(info.kind, ent::ContainerKind::kPlain);
       const ent::PlainCache p = ent::deserialize_plain(bytes.data(), bytes.size());
@@ -72,7 +78,7 @@ TEST(ContainerGolden, FilesOfFormatVersion1ReadBack) {
     } else {
       EXPECT_EQ(info.kind, ent::ContainerKind::kCompressedCache);
       const CompressedKV c = deser(bytes);
-      EXPECT_EQ(test::cache_digest(c), digest);
+      EXPECT_EQ(version == 1 ? test::cache_digest(c) : test::cache_digest_v2(c), digest);
       const CacheLayout& L = c.layout();
       EXPECT_EQ(L.n_layers, layers);
       EXPECT_EQ(L.n_kv_heads, kv_heads);
@@ -85,6 +91,17 @@ TEST(ContainerGolden, FilesOfFormatVersion1ReadBack) {
         got += std::string(l ? "," : "") + quant::to_string(L.key_codec[static_cast<size_t>(l)]) + "/" +
                quant::to_string(L.value_codec[static_cast<size_t>(l)]);
       EXPECT_EQ(got, codecs);
+      if (version >= 2) {
+        ++files_v2;
+        EXPECT_TRUE(L.query_weighted_keys);
+        EXPECT_EQ(L.gain_bits, 8);
+        // One file has flushed codes with scales and 8-bit gains, the other a pending energy.
+        const auto& ld = c.layer(1);
+        const bool flushed = !ld.heads[0].key_channel_scale.empty() && !ld.heads[0].key_gain_codes.empty() &&
+                             ld.heads[0].key_gain_ref != 0;
+        const bool pending = ld.heads[0].key_channel_scale.empty() && ld.query_energy.size() == 2;
+        EXPECT_TRUE(flushed != pending) << "the version-2 golden files cover scales + 8-bit gains, and pending energy";
+      }
       // Partial reads of golden files agree with the full read, and the cache re-serializes.
       for (int l = 0; l < L.n_layers; ++l)
         expect_layer_eq(c.layer(l), ent::deserialize_layer(bytes.data(), bytes.size(), l), "golden layer");
@@ -95,7 +112,8 @@ TEST(ContainerGolden, FilesOfFormatVersion1ReadBack) {
     }
     ++files;
   }
-  EXPECT_EQ(files, 4);
+  EXPECT_EQ(files, 6);
+  EXPECT_EQ(files_v2, 2);
 }
 
 // Writes the cache to a file in one child process, reads it and attends in a second child
