@@ -88,7 +88,7 @@ struct StreamTransforms {
   /// (their codes then repeat along tokens), none otherwise.
   std::optional<Transform> key_codes;
   Transform value_codes = Transform::kNone;  ///< block-code indices of values
-  Transform gains = Transform::kShuffle;
+  Transform gains = Transform::kShuffle;  ///< fp16 gains (8-bit gain codes are stored untransformed)
   Transform fp16 = Transform::kShuffle;  ///< residual windows, fp16-codec codes, plain fp16/bf16
 };
 
