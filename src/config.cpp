@@ -14,13 +14,13 @@
 namespace e8kv {
 
 void ModelShape::validate() const {
-  require(n_layers >= 1, "ModelShape.n_layers must be >= 1, got " + std::to_string(n_layers));
-  require(n_kv_heads >= 1, "ModelShape.n_kv_heads must be >= 1, got " + std::to_string(n_kv_heads));
-  require(n_q_heads >= n_kv_heads && n_q_heads % n_kv_heads == 0,
-          "ModelShape.n_q_heads (" + std::to_string(n_q_heads) + ") must be a positive multiple of n_kv_heads (" +
-              std::to_string(n_kv_heads) + ")");
-  require(is_supported_head_dim(head_dim), "ModelShape.head_dim " + std::to_string(head_dim) +
-                                               " is not supported; accepted: " + supported_head_dims());
+  if (n_layers < 1) throw Error(fmt::format("ModelShape.n_layers is {}; accepted: >= 1", n_layers));
+  if (n_kv_heads < 1) throw Error(fmt::format("ModelShape.n_kv_heads is {}; accepted: >= 1", n_kv_heads));
+  if (n_q_heads < n_kv_heads || n_q_heads % n_kv_heads != 0)
+    throw Error(fmt::format("ModelShape.n_q_heads is {}; accepted: a positive multiple of n_kv_heads ({})", n_q_heads,
+                            n_kv_heads));
+  if (!is_supported_head_dim(head_dim))
+    throw Error(fmt::format("ModelShape.head_dim {} is not supported; accepted: {}", head_dim, supported_head_dims()));
 }
 
 // ---- presets and parsing -------------------------------------------------------------------
@@ -47,7 +47,7 @@ Config Config::preset(const std::string& name) {
   else if (name == "asym") kv(Codec::kRvq3, Codec::kE8P, 0.60);
   else if (name == "balanced") kv(Codec::kE8P, Codec::kE8P, 0.60);
   else if (name == "max") kv(Codec::kE8P, Codec::kE8P, 0.80);
-  else throw Error("preset '" + name + "' is unknown; accepted: " + preset_names());
+  else throw Error(fmt::format("preset '{}' is unknown; accepted: {}", name, preset_names()));
   return c;
 }
 

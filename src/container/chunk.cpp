@@ -84,7 +84,7 @@ void finish_chunk(std::vector<uint8_t>& out, size_t start) {
 std::vector<ChunkDecoder::Descriptor> ChunkDecoder::parse_head(const ChunkExpectation& e, const uint8_t* p,
                                                                 const std::string& where) const {
   const DirEntry& entry = dir_[static_cast<size_t>(e.index)];
-  io::check(std::memcmp(p, kChunkMagic, 4) == 0, where + ": bad chunk magic");
+  io::check(std::memcmp(p, kChunkMagic, 4) == 0, "{}: bad chunk magic", where);
   io::ByteReader hr(p + 4, kChunkHeaderBytes - 4, where);
   const uint32_t n_streams = hr.u32("n_streams");
   const uint32_t dir_index = hr.u32("directory index");
@@ -107,7 +107,7 @@ std::vector<ChunkDecoder::Descriptor> ChunkDecoder::parse_head(const ChunkExpect
     d.kind = r.u8("stream kind");
     d.transform = r.u8("transform");
     d.entropy = r.u8("entropy");
-    for (int k = 0; k < 5; ++k) io::check(r.u8("reserved") == 0, where + ": stream descriptor reserved bytes must be 0");
+    for (int k = 0; k < 5; ++k) io::check(r.u8("reserved") == 0, "{}: stream descriptor reserved bytes must be 0", where);
     d.raw = r.u64("raw bytes");
     d.stored = r.u64("stored bytes");
     const StreamPlan& plan = e.plans[i];
@@ -148,7 +148,7 @@ void ChunkDecoder::decode(const ChunkExpectation& e) {
   const uint64_t payload = entry.bytes - kChunkHeaderBytes;
   if (o_.verify_checksums)
     io::check(crc32c(p + kChunkHeaderBytes, static_cast<size_t>(payload), crc32c(p, 36)) == io::load_at<uint32_t>(p + 36),
-              where + ": checksum mismatch (the chunk is corrupted)");
+              "{}: checksum mismatch (the chunk is corrupted)", where);
   const std::vector<Descriptor> descs = parse_head(e, p, where);
   // Decode into one scratch buffer (views stay valid until the next decode).
   uint64_t raw_total = 0;

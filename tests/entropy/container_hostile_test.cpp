@@ -144,7 +144,7 @@ TEST(ContainerHostile, CacheHeaderClaimingMoreTokensThanItsChunksHoldIsRejectedB
   }
 }
 
-// Every header byte of every golden file set to a few values, the CRC recomputed: each read
+// Header bytes of every golden file set to a few values, the CRC recomputed: each read
 // either succeeds or throws e8kv::Error, and no single allocation exceeds 4 times the input's
 // size (a valid read's largest vector is a fraction of it; the old reader allocated 3.2 GB for
 // one of these changes).
@@ -159,7 +159,10 @@ TEST(ContainerHostile, HeaderFieldLiesNeverCauseLargeAllocations) {
     const size_t bound = 4 * golden.size();
     size_t worst = 0, worst_at = 0;
     int rejected = 0, accepted = 0;
-    for (size_t at = 8; at + 4 < hb; ++at) {
+    // Every byte of the prefix, the layout record and the first layer entry; every third byte
+    // after it (later layer entries; the means between them are data). Under ASan the whole
+    // header would take a minute.
+    for (size_t at = 8; at + 4 < hb; at += at < 256 ? 1 : 3) {
       if (at >= 16 && at < 32) continue;  // header_bytes / total_bytes: checked against the input size
       for (uint8_t value : {uint8_t(golden[at] ^ 0x01), uint8_t(golden[at] ^ 0x80), uint8_t{0xFF}}) {
         std::vector<uint8_t> t = golden;
