@@ -1,7 +1,8 @@
 // Seed corpus of the container fuzzers (fuzz/seed_corpus.hpp): small synthetic caches compressed
-// with every preset, written as format version 1 (qweight=0, gain_bits=16) and version 2 (the
-// defaults), plus per-head positions with post-RoPE keys and scaled RoPE, a pending query energy,
-// an empty cache and plain fp16 / bf16 containers. Each blob is a few KB.
+// with every preset, written as format version 1 (qweight=0, gain_bits=16), version 2 (the
+// defaults) and version 3 (rope=residual), plus per-head positions with post-RoPE keys and
+// scaled RoPE, a pending query energy, an empty cache and plain fp16 / bf16 containers. Each
+// blob is at most a few tens of KB.
 #include "seed_corpus.hpp"
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "e8kv/compressor.hpp"
@@ -92,11 +94,18 @@ int write_seed_corpus(const std::string& dir) {
   uint64_t seed = 100;
   while (std::getline(names, preset, ',')) {
     preset.erase(0, preset.find_first_not_of(' '));
-    for (const char* version : {",qweight=0,gain_bits=16", ""}) {
+    // Version 1: no query weighting, fp16 gains; 2: the defaults; 3: the RoPE-residual key frame.
+    const std::pair<const char*, const char*> versions[] = {
+        {"v1", ",qweight=0,gain_bits=16"}, {"v2", ""}, {"v3", ",rope=residual"}};
+    for (const auto& [name, spec_tail] : versions) {
       const Config cfg =
-          Config::parse("preset=" + preset + ",mean_tokens=8,residual=4,flush=8,sinks=2,recent=8" + version);
+          Config::parse("preset=" + preset + ",mean_tokens=8,residual=4,flush=8,sinks=2,recent=8" + spec_tail);
       const std::vector<uint8_t> bytes = entropy::serialize(make_cache(spec(40, 64, ++seed), cfg, 6), chunks);
-      w.add(preset + (*version ? "-v1" : "-v2"), bytes);
+      const int version = entropy::read_info(bytes.data(), bytes.size()).format_version;
+      if (version != name[1] - '0')
+        throw Error("write_seed_corpus: preset " + preset + " " + name + " was written as version " +
+                    std::to_string(version));
+      w.add(preset + "-" + name, bytes);
     }
   }
   // Per-head positions, post-RoPE keys, one rate per layer, yarn RoPE with partial rotary,

@@ -518,6 +518,11 @@ void write_golden(const std::string& dir) {
     s6.tokens = 6;
     s6.seed = 16;
     cache_entry("pending_energy.e8kv", s6, Config::parse("preset=high,mean_tokens=8"), 0, o);
+    // Format version 3: keys coded in the RoPE-residual frame.
+    synth::SyntheticSpec s7 = s5;
+    s7.seed = 17;
+    cache_entry("k3v2_residual.e8kv", s7,
+                Config::parse("preset=high,rope=residual,residual=8,flush=16,sinks=2,recent=8,mean_tokens=16"), 8, o5);
   }
   // Plain bf16 tensors.
   {

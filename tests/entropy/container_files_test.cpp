@@ -46,8 +46,8 @@ TEST(ContainerFiles, WriteReadLayerAndInfo) {
 }
 
 // Every golden file reads back: header fields as the manifest lists them, the content digest the
-// writer took from the in-memory cache before serializing it (version 2 files: including the
-// version-2 fields), partial reads equal to the full read, and a re-serialization that reads
+// writer took from the in-memory cache before serializing it (files of versions 2 and 3: including
+// the version-2 fields), partial reads equal to the full read, and a re-serialization that reads
 // back equal. Version-1 files are those written before version 2 existed.
 TEST(ContainerGolden, FilesOfEveryFormatVersionReadBack) {
   std::ifstream manifest(data_dir() + "/golden.txt");
@@ -91,16 +91,17 @@ TEST(ContainerGolden, FilesOfEveryFormatVersionReadBack) {
         got += std::string(l ? "," : "") + quant::to_string(L.key_codec[static_cast<size_t>(l)]) + "/" +
                quant::to_string(L.value_codec[static_cast<size_t>(l)]);
       EXPECT_EQ(got, codecs);
+      EXPECT_EQ(L.key_frame == transform::KeyFrame::kRopeResidual, version == 3);
       if (version >= 2) {
         ++files_v2;
         EXPECT_TRUE(L.query_weighted_keys);
         EXPECT_EQ(L.gain_bits, 8);
-        // One file has flushed codes with scales and 8-bit gains, the other a pending energy.
+        // Flushed codes with scales and 8-bit gains, or a pending energy.
         const auto& ld = c.layer(1);
         const bool flushed = !ld.heads[0].key_channel_scale.empty() && !ld.heads[0].key_gain_codes.empty() &&
                              ld.heads[0].key_gain_ref != 0;
         const bool pending = ld.heads[0].key_channel_scale.empty() && ld.query_energy.size() == 2;
-        EXPECT_TRUE(flushed != pending) << "the version-2 golden files cover scales + 8-bit gains, and pending energy";
+        EXPECT_TRUE(flushed != pending) << "the golden files of versions 2 and 3 have scales + 8-bit gains, or pending energy";
       }
       // Partial reads of golden files agree with the full read, and the cache re-serializes.
       for (int l = 0; l < L.n_layers; ++l)
@@ -112,8 +113,8 @@ TEST(ContainerGolden, FilesOfEveryFormatVersionReadBack) {
     }
     ++files;
   }
-  EXPECT_EQ(files, 6);
-  EXPECT_EQ(files_v2, 2);
+  EXPECT_EQ(files, 7);
+  EXPECT_EQ(files_v2, 3);
 }
 
 // Writes the cache to a file in one child process, reads it and attends in a second child
