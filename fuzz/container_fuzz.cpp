@@ -1,10 +1,12 @@
-// libFuzzer target for the container reader (scripts/fuzz.sh builds and runs it).
+// libFuzzer target for whole-container reads (scripts/fuzz.sh builds and runs it, with
+// fuzz/layer_read_fuzz.cpp for partial reads).
 //
 // The first input byte selects the options (bit 0: verify checksums; with it off the fuzzer
 // reaches the structural checks behind the CRCs; bit 1: reuse codecs of a recent layout instead
-// of building fresh ones; bits 2-6: a token range start), the rest is the container. Every entry point
-// of the reader must either return or throw e8kv::Error: anything else (a crash, a sanitizer
-// report, another exception type) is a bug. What decodes must also survive a round trip.
+// of building fresh ones; bits 2-6: a token range start), the rest is the container. Every entry
+// point of the reader must either return or throw e8kv::Error: anything else (a crash, a
+// sanitizer report, another exception type, an allocation past -malloc_limit_mb / -rss_limit_mb)
+// is a bug. What decodes must also survive a round trip.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -16,20 +18,24 @@
 #include "e8kv/attention/attend.hpp"
 #include "e8kv/entropy/container.hpp"
 #include "e8kv/error.hpp"
+#include "seed_corpus.hpp"
 
 namespace {
 
 namespace ent = e8kv::entropy;
 
 bool same(const e8kv::CompressedKV::LayerData& a, const e8kv::CompressedKV::LayerData& b) {
-  if (a.original_tokens != b.original_tokens || a.positions != b.positions ||
-      a.window_positions != b.window_positions || a.heads.size() != b.heads.size())
+  if (a.original_tokens != b.original_tokens || a.pinned != b.pinned || a.positions != b.positions ||
+      a.window_positions != b.window_positions || a.heads.size() != b.heads.size() || a.query_energy != b.query_energy)
     return false;
   for (size_t h = 0; h < a.heads.size(); ++h) {
     const auto& x = a.heads[h];
     const auto& y = b.heads[h];
     if (x.key_codes != y.key_codes || x.value_codes != y.value_codes || x.key_gains != y.key_gains ||
-        x.value_gains != y.value_gains || x.window_keys != y.window_keys || x.window_values != y.window_values)
+        x.value_gains != y.value_gains || x.window_keys != y.window_keys || x.window_values != y.window_values ||
+        x.key_mean != y.key_mean || x.value_mean != y.value_mean || x.key_channel_scale != y.key_channel_scale ||
+        x.key_gain_codes != y.key_gain_codes || x.value_gain_codes != y.value_gain_codes ||
+        x.key_gain_ref != y.key_gain_ref || x.value_gain_ref != y.value_gain_ref)
       return false;
   }
   return true;
@@ -53,11 +59,17 @@ std::shared_ptr<const e8kv::CacheCodecs> codecs_for(const e8kv::CacheLayout& lay
 
 }  // namespace
 
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  e8kv::fuzz::write_seeds_if_asked();
+  return 0;
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   ent::DeserializeOptions o;
   o.verify_checksums = (data[0] & 1) != 0;
-  o.max_decoded_bytes = uint64_t{256} << 20;  // stay well inside libFuzzer's RSS limit
+  // Below -malloc_limit_mb: a read within this budget is legitimate, one past it is a bug.
+  o.max_decoded_bytes = uint64_t{256} << 20;
   const uint8_t* p = data + 1;
   const size_t n = size - 1;
   try {

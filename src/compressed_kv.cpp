@@ -329,6 +329,7 @@ CompressedKV::ByteBreakdown CompressedKV::byte_breakdown() const {
       b.window += 2 * (h.window_keys.size() + h.window_values.size());
       b.means += 2 * (h.key_mean.size() + h.value_mean.size() + h.key_channel_scale.size());
     }
+    for (const auto& e : l.query_energy) b.pending_energy += 4 * e.size();
     for (size_t s = 0; s < l.positions.size(); ++s) {
       // A set whose positions (coded and window) form one contiguous run is stored as
       // (start, count); otherwise 4 bytes per position.

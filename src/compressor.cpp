@@ -9,7 +9,7 @@
 #include <sstream>
 #include <string>
 
-#include "cache_writer.hpp"
+#include "layer_write.hpp"
 #include "e8kv/entropy/container.hpp"
 #include "e8kv/error.hpp"
 #include "e8kv/numeric/half.hpp"
@@ -19,34 +19,7 @@ namespace e8kv {
 // ---- KVCompressor ----------------------------------------------------------------------------
 
 KVCompressor::KVCompressor(const ModelShape& shape, const Config& config) : shape_(shape), config_(config) {
-  config_.validate(shape_);
-  CacheLayout L;
-  L.n_layers = shape.n_layers;
-  L.n_kv_heads = shape.n_kv_heads;
-  L.n_q_heads = shape.n_q_heads;
-  L.head_dim = shape.head_dim;
-  for (int l = 0; l < shape.n_layers; ++l) {
-    const LayerRate r = config_.layer_rate(l, shape.n_layers);
-    L.key_codec.push_back(r.key);
-    L.value_codec.push_back(r.value);
-  }
-  L.key_gain = config_.key_gain;
-  L.value_gain = config_.value_gain;
-  L.key_scale = config_.key_scale;
-  L.value_scale = config_.value_scale;
-  L.key_frame = config_.key_frame;
-  L.rope = config_.rope;
-  L.rope.head_dim = shape.head_dim;
-  L.rotation_seed = config_.rotation_seed;
-  L.per_head_positions = config_.per_head_selection;
-  L.residual_length = config_.residual_length;
-  L.flush_block = config_.flush_block;
-  L.center = config_.center;
-  L.mean_tokens = config_.mean_tokens;
-  L.query_weighted_keys = config_.query_weighted_keys;
-  L.gain_bits = config_.gain_bits;
-  L.softmax_scale = config_.softmax_scale;
-  codecs_ = std::make_shared<const CacheCodecs>(std::move(L));
+  codecs_ = std::make_shared<const CacheCodecs>(make_layout(config_, shape_));  // validates
 }
 
 namespace {

@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "container/stream_transform.hpp"  // internal: the bench measures transforms outside the format
 #include "testing/cache_digest.hpp"
 #include "e8kv/codebook/e8p.hpp"
 #include "e8kv/codebook/rvq.hpp"
@@ -443,8 +444,10 @@ std::string codecs_string(const CacheLayout& L) {
 
 void write_golden(const std::string& dir) {
   std::string manifest =
-      "# Golden containers written by e8kv-container-bench --write-golden (format version 1).\n"
-      "# name kind digest n_layers n_kv_heads n_q_heads head_dim per_head key_frame codecs\n";
+      "# Golden containers written by e8kv-container-bench --write-golden.\n"
+      "# name kind digest n_layers n_kv_heads n_q_heads head_dim per_head key_frame codecs [format_version]\n"
+      "# (key_frame: 0 post, 1 pre, 2 residual; format_version is omitted for version 1; digests of later\n"
+      "# versions also cover the version-2 fields)\n";
   auto cache_entry = [&](const std::string& name, const synth::SyntheticSpec& s, const Config& cfg, int appended,
                          const entropy::ContainerOptions& o) {
     const Made m = make_kv(s);
@@ -452,10 +455,12 @@ void write_golden(const std::string& dir) {
     const auto bytes = entropy::serialize(cache, o);
     write_bytes(dir + "/" + name, bytes);
     const CacheLayout& L = cache.layout();
-    manifest += name + " cache " + test::cache_digest(cache) + " " + std::to_string(L.n_layers) + " " +
-                std::to_string(L.n_kv_heads) + " " + std::to_string(L.n_q_heads) + " " + std::to_string(L.head_dim) +
-                " " + (L.per_head_positions ? "1" : "0") + " " + std::to_string(static_cast<int>(L.key_frame)) + " " +
-                codecs_string(L) + "\n";
+    const int version = entropy::read_info(bytes.data(), bytes.size()).format_version;
+    manifest += name + " cache " + (version == 1 ? test::cache_digest(cache) : test::cache_digest_v2(cache)) + " " +
+                std::to_string(L.n_layers) + " " + std::to_string(L.n_kv_heads) + " " + std::to_string(L.n_q_heads) +
+                " " + std::to_string(L.head_dim) + " " + (L.per_head_positions ? "1" : "0") + " " +
+                std::to_string(static_cast<int>(L.key_frame)) + " " + codecs_string(L) +
+                (version == 1 ? std::string() : " " + std::to_string(version)) + "\n";
     std::printf("%s: %zu bytes (bytes() %zu)\n", name.c_str(), bytes.size(), cache.bytes());
   };
   synth::SyntheticSpec s;
@@ -469,7 +474,7 @@ void write_golden(const std::string& dir) {
   entropy::ContainerOptions o;
   o.chunk_tokens = 32;
   // Eviction with a shared position set, a residual window, appended tokens.
-  cache_entry("k3v2_evict_window.e8kv", s, Config::parse("preset=high,residual=8,flush=16,sinks=2,recent=8,mean_tokens=16"), 12, o);
+  cache_entry("k3v2_evict_window.e8kv", s, Config::parse("preset=high,residual=8,flush=16,sinks=2,recent=8,mean_tokens=16,qweight=0,gain_bits=16"), 12, o);
   // Per-head positions, post-RoPE keys, one rate per layer (ball/voronoi, rvq4/e8p), yarn RoPE
   // scaling, partial rotary, gain policies; every transform chosen adaptively.
   {
@@ -478,7 +483,7 @@ void write_golden(const std::string& dir) {
     s2.tokens = 48;
     s2.seed = 12;
     Config cfg = Config::parse("evict=0.4,per_head=1,rope=post,key_gain=unbiased,value_gain=ls,recent=8,"
-                               "residual=3,flush=8,mean_tokens=8,sinks=3");
+                               "residual=3,flush=8,mean_tokens=8,sinks=3,qweight=0,gain_bits=16");
     cfg.layer_rates = {LayerRate{quant::Codec::kBall3, quant::Codec::kVoronoi2},
                        LayerRate{quant::Codec::kRvq4, quant::Codec::kE8P}};
     cfg.rope.scaling = transform::RopeScaling::kYarn;
@@ -496,7 +501,28 @@ void write_golden(const std::string& dir) {
     synth::SyntheticSpec s3 = s;
     s3.tokens = 20;
     s3.seed = 13;
-    cache_entry("lossless_fp16.e8kv", s3, Config::parse("preset=lossless,residual=4,flush=8,sinks=2"), 0, o);
+    cache_entry("lossless_fp16.e8kv", s3, Config::parse("preset=lossless,residual=4,flush=8,sinks=2,qweight=0,gain_bits=16"), 0, o);
+  }
+  // Format version 2: query-weighted keys (key channel scales) and 8-bit gains (codes and
+  // references), the defaults since version 2; and a cache whose query energy is still pending
+  // (6 tokens, means from 8: nothing flushed yet).
+  {
+    synth::SyntheticSpec s5 = s;
+    s5.tokens = 64;
+    s5.seed = 15;
+    entropy::ContainerOptions o5;
+    o5.chunk_tokens = 16;
+    cache_entry("k3v2_qweight_gain8.e8kv", s5, Config::parse("preset=high,residual=8,flush=16,sinks=2,recent=8,mean_tokens=16"),
+                8, o5);
+    synth::SyntheticSpec s6 = s;
+    s6.tokens = 6;
+    s6.seed = 16;
+    cache_entry("pending_energy.e8kv", s6, Config::parse("preset=high,mean_tokens=8"), 0, o);
+    // Format version 3: keys coded in the RoPE-residual frame.
+    synth::SyntheticSpec s7 = s5;
+    s7.seed = 17;
+    cache_entry("k3v2_residual.e8kv", s7,
+                Config::parse("preset=high,rope=residual,residual=8,flush=16,sinks=2,recent=8,mean_tokens=16"), 8, o5);
   }
   // Plain bf16 tensors.
   {

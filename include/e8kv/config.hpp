@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "e8kv/cache/cache_layout.hpp"
 #include "e8kv/quant/codec.hpp"
 #include "e8kv/quant/vector_quantizer.hpp"
 #include "e8kv/select/scorer.hpp"
@@ -83,16 +84,31 @@ struct Config {
   /// asym, balanced, max. (K3V3 and K4V4: at equal bits, balanced rates beat K4V2 on SmolLM2.)
   static Config preset(const std::string& name);
   static const char* preset_names();
-  /// "preset=high,key=rvq3,value=e8p2,evict=0.6,sinks=4,recent=32,scorer=obs-window,window=32,
-  ///  pool=7,protect=2,rope=pre|post,key_gain=norm,value_gain=ls,key_scale=1,value_scale=1,
-  ///  residual=0,flush=16,per_head=0,fp16_sinks=1,center=1,mean_tokens=64,seed=..." — the preset (wherever it appears) is applied first,
-  /// so an explicit field always wins over the preset.
+  /// Reads a spec string: comma-separated key=value items, "preset=NAME" first wherever it
+  /// appears (an explicit field always wins over the preset). Keys (the field each one sets):
+  ///   key, value (codecs: fp16, e8p2, rvq3, rvq4, ball3, ball4, vor2..4, lm2..4), evict, sinks,
+  ///   recent, scorer (obs-window, multi-window, key-key, streaming, random, key-norm), window,
+  ///   pool, protect, rope (pre | post), key_gain, value_gain (ls, norm, unbiased), key_scale,
+  ///   value_scale, residual, flush, per_head, fp16_sinks, center, mean_tokens, qweight,
+  ///   gain_bits, gqa (mean | max), head_agg, scorer_seed, seed (rotation_seed), softmax_scale,
+  ///   layer_rates (key/value per layer, ';' between layers), rope_layout (split-half |
+  ///   interleaved), rope_scaling (none, linear, dynamic, llama3, yarn), rope_head_dim,
+  ///   rope_dim, rope_original_max_position, rope_theta, rope_factor, rope_low_freq_factor,
+  ///   rope_high_freq_factor, rope_beta_fast, rope_beta_slow, rope_attention_factor.
+  /// Every value is checked as it is read; a malformed or unaccepted one raises e8kv::Error
+  /// naming the key and the accepted values.
   static Config parse(const std::string& spec);
   /// Throws e8kv::Error naming the field and the accepted values.
   void validate(const ModelShape& shape) const;
   /// Key and value codecs of a layer after boundary protection and the rate profile.
   LayerRate layer_rate(int layer, int n_layers) const;
+  /// Every field as a spec string: parse(describe()) reproduces the Config field by field
+  /// (floats bit for bit).
   std::string describe() const;
 };
+
+/// The CacheLayout of caches made with `config` for a model of `shape` (validates both first):
+/// what KVCompressor gives its codecs.
+CacheLayout make_layout(const Config& config, const ModelShape& shape);
 
 }  // namespace e8kv

@@ -67,6 +67,28 @@ inline std::string cache_digest(const CompressedKV& cache) {
   return d.hex();
 }
 
+/// Digest of a whole cache's data including what format version 2 adds: per head the key channel
+/// scales, the 8-bit gain codes and their references, per layer the pending query energies
+/// (golden files of version 2 record this one; cache_digest stays what version-1 files record).
+inline std::string cache_digest_v2(const CompressedKV& cache) {
+  Digest d;
+  d.add_u64(static_cast<uint64_t>(cache.n_layers()));
+  for (int l = 0; l < cache.n_layers(); ++l) {
+    const CompressedKV::LayerData& ld = cache.layer(l);
+    add_layer(d, ld);
+    for (const auto& h : ld.heads) {
+      d.add_vector(h.key_channel_scale);
+      d.add_vector(h.key_gain_codes);
+      d.add_vector(h.value_gain_codes);
+      d.add_u64(h.key_gain_ref);
+      d.add_u64(h.value_gain_ref);
+    }
+    d.add_u64(ld.query_energy.size());
+    for (const auto& e : ld.query_energy) d.add_vector(e);
+  }
+  return d.hex();
+}
+
 /// Digest of a plain cache (dtype, shape, elements).
 inline std::string plain_digest(const entropy::PlainCache& p) {
   Digest d;

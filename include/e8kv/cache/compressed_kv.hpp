@@ -182,13 +182,15 @@ class CompressedKV {
     int64_t original_tokens = 0;  ///< tokens ever given to this layer (before eviction)
     int64_t pinned = 0;           ///< leading window tokens kept in fp16 for good (attention sinks)
     /// Query energy per head and channel (pair-averaged), from the first chunk's observation
-    /// queries, kept until the key channel scales are estimated at the first flush. Not part of
-    /// the cache's content (never serialized, not counted).
+    /// queries, kept until every head's key channel scales are estimated (its first flush), then
+    /// freed. While held it is part of the cache: serialized (format v2+, so a read-back cache
+    /// goes on like the original) and counted by bytes() (4·head_dim bytes per head).
     std::vector<std::vector<float>> query_energy;
   };
   struct ByteBreakdown {
     size_t codes = 0, gains = 0, positions = 0, window = 0, means = 0, descriptor = 0;
-    size_t total() const { return codes + gains + positions + window + means + descriptor; }
+    size_t pending_energy = 0;  ///< query energies waiting for the first flush (LayerData::query_energy)
+    size_t total() const { return codes + gains + positions + window + means + descriptor + pending_energy; }
   };
 
   CompressedKV() = default;
@@ -236,7 +238,7 @@ class CompressedKV {
 };
 
 namespace detail {
-/// Write access to a cache's storage, for its writers only: the compressor (src/cache_writer.cpp)
+/// Write access to a cache's storage, for its writers only: the compressor (src/layer_write.cpp)
 /// and the container reader. Everyone else sees the cache read-only.
 struct CacheStorage {
   static CompressedKV::LayerData& layer(CompressedKV& cache, int l) { return cache.mutable_layer(l); }

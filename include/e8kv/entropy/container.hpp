@@ -34,9 +34,10 @@
 namespace e8kv::entropy {
 
 /// The newest container format version this library reads and writes. Version 2 adds
-/// query-weighted keys (a layout flag, per-head key channel scales and pending query energies)
-/// and 8-bit gains; version 3 the RoPE-residual key frame (key-frame byte value 2). A cache is
-/// written at the lowest version that holds it, byte for byte as that version always wrote it.
+/// query-weighted keys and 8-bit gains (two layout bytes; per head the key channel scales, the
+/// pending query energies and the gain references); version 3 the RoPE-residual key frame
+/// (key-frame byte value 2). A cache is written at the lowest version that holds it, byte for
+/// byte as that version always wrote it.
 inline constexpr uint16_t kFormatVersion = 3;
 /// The 8 magic bytes at offset 0: 0x8B 'E' '8' 'K' 'V' '\r' '\n' 0x1A (a high-bit byte and a
 /// CR LF pair detect 7-bit and text-mode mangling, like PNG's signature).
@@ -62,9 +63,10 @@ enum class StreamKind : uint8_t {
 inline constexpr int kStreamKindCount = 8;  ///< ids 1..8
 const char* to_string(StreamKind s);
 
-/// A reversible, size-preserving transform applied to one stream before zstd. A stream is a
-/// sequence of segments (one per head or position set) of rows (tokens) × cols elements of
-/// `width` bytes (little-endian integers). Ids: bit 0 = byte planes, bits 1-2 = delta kind.
+/// A reversible, size-preserving transform applied to one stream before zstd (docs/format.md §3).
+/// A stream is a sequence of segments (one per head or position set) of rows (tokens) of
+/// fixed-width little-endian elements; deltas run along rows within a segment. Ids: bit 0 = byte
+/// planes, bits 1-2 = delta kind. (The transforms themselves are internal to the library.)
 enum class Transform : uint8_t {
   kNone = 0,            ///< the bytes as stored in memory
   kShuffle = 1,         ///< byte planes: byte 0 of every element, then byte 1, ...
@@ -78,20 +80,6 @@ const char* to_string(Transform t);
 /// Throws e8kv::Error naming the accepted ids for an unknown id.
 Transform transform_from_id(uint32_t id);
 
-/// Shape of one stream for the transforms.
-struct StreamShape {
-  std::vector<int64_t> segment_rows;  ///< rows of each segment; delta restarts at each segment
-  int64_t cols = 0;                   ///< elements per row
-  int width = 1;                      ///< bytes per element: 1..8
-  /// Total bytes: sum(segment_rows) · cols · width.
-  size_t bytes() const;
-};
-
-/// out = T(in) and in = T⁻¹(out); in and out must not overlap and hold shape.bytes() bytes.
-/// Every byte string of the right length is valid input for both directions.
-void transform_forward(Transform t, const StreamShape& shape, const uint8_t* in, uint8_t* out);
-void transform_inverse(Transform t, const StreamShape& shape, const uint8_t* in, uint8_t* out);
-
 /// Transforms per class of stream. The defaults are the measured best on synthetic caches
 /// (docs/format.md, "Transforms"); any choice decodes, since each stream records its own.
 struct StreamTransforms {
@@ -100,7 +88,7 @@ struct StreamTransforms {
   /// (their codes then repeat along tokens), none otherwise.
   std::optional<Transform> key_codes;
   Transform value_codes = Transform::kNone;  ///< block-code indices of values
-  Transform gains = Transform::kShuffle;
+  Transform gains = Transform::kShuffle;  ///< fp16 gains (8-bit gain codes are stored untransformed)
   Transform fp16 = Transform::kShuffle;  ///< residual windows, fp16-codec codes, plain fp16/bf16
 };
 

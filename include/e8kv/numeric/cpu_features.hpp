@@ -5,6 +5,10 @@
 #include <atomic>
 
 #include "e8kv/platform.hpp"
+#if E8KV_HOST_AVX2_DISPATCH
+#include <cpuid.h>
+#endif
+
 
 // The twin macros (E8KV_TARGET_*_FLAT, E8KV_HOST_AVX2_DISPATCH) live in e8kv/platform.hpp.
 
@@ -41,8 +45,10 @@ inline bool cpu_has_avx2_fma() {
 #if E8KV_HOST_AVX2_DISPATCH
   static const bool has = [] {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") != 0 && __builtin_cpu_supports("fma") != 0 &&
-           __builtin_cpu_supports("f16c") != 0;
+    // F16C through cpuid: clang 14's __builtin_cpu_supports does not know "f16c".
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    const bool f16c = __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & bit_F16C) != 0;
+    return __builtin_cpu_supports("avx2") != 0 && __builtin_cpu_supports("fma") != 0 && f16c;
   }();
   return has && !detail::baseline_isa_forced().load(std::memory_order_relaxed);
 #else

@@ -1,4 +1,4 @@
-// LayerWrite: the window, the flush rule, means, channel scales and gain codes (cache_writer.hpp).
+// LayerWrite: the window, the flush rule, means, channel scales and gain codes (layer_write.hpp).
 //
 // The flush rule. After a write, a position set's window holds its pinned sinks, then the tokens
 // not yet coded. While at least residual_length + flush_block unpinned tokens wait (and, before a
@@ -14,7 +14,7 @@
 //  - Channel scales: from the same tokens and the first chunk's observation queries.
 //  - 8-bit gain reference: the geometric mean of the float gains of the first flush_block coded
 //    tokens; gains are coded once, from float.
-#include "cache_writer.hpp"
+#include "layer_write.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -243,6 +243,13 @@ LayerWrite::LayerWrite(const CompressedKV& cache, int layer, LayerInput input) :
       if (v_coded) code_gains(vg, hd.value_gain_ref, hp.value_gains, hp.value_gain_codes, hp.value_gain_ref);
     }
   }
+  // The query energy is kept until every head has turned it into channel scales.
+  if (!energy.empty()) {
+    energy_consumed_ = true;
+    for (int h = 0; h < L.n_kv_heads; ++h)
+      energy_consumed_ = energy_consumed_ && (!ld.heads[static_cast<size_t>(h)].key_channel_scale.empty() ||
+                                              !heads_[static_cast<size_t>(h)].key_channel_scale.empty());
+  }
   // The window after the write: pinned tokens, then the tokens not coded. Rebuilt (exact size)
   // when a flush happened or several tokens arrived; a lone token without a flush is pushed.
   rebuild_window_ = any_flush || staged_total != n_sets;
@@ -308,7 +315,7 @@ void LayerWrite::reserve(CompressedKV& cache, bool exact) {
       }
     }
   }
-  if (!input_.query_energy.empty() && ld.query_energy.empty()) ld.query_energy.reserve(input_.query_energy.size());
+
 }
 
 void LayerWrite::commit(CompressedKV& cache) noexcept {
@@ -342,7 +349,10 @@ void LayerWrite::commit(CompressedKV& cache) noexcept {
       append(hd.window_values, input_.values[h]);
     }
   }
-  if (!input_.query_energy.empty() && ld.query_energy.empty()) ld.query_energy.swap(input_.query_energy);
+  if (energy_consumed_)
+    std::vector<std::vector<float>>().swap(ld.query_energy);  // freed: nothing reads it any more
+  else if (!input_.query_energy.empty() && ld.query_energy.empty())
+    ld.query_energy.swap(input_.query_energy);
   ld.pinned = pinned_after_;
   ld.original_tokens += input_.given;
 }

@@ -55,6 +55,7 @@ class LayerWrite {
   // The window is rebuilt (new vectors of exact size, swapped in) when tokens are coded or more
   // than one arrives; a lone appended token without a flush is pushed in place.
   bool rebuild_window_ = false;
+  bool energy_consumed_ = false;  // every head has its channel scales after this write
   std::vector<SetPlan> sets_;
   std::vector<HeadPlan> heads_;
 };

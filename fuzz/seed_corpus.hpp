@@ -1,0 +1,17 @@
+// Seeds for the container fuzzers: valid containers of every format version and preset, made at
+// run time (scripts/fuzz.sh asks a fuzzer binary for them) so that no binary corpus is committed.
+#pragma once
+
+#include <string>
+
+namespace e8kv::fuzz {
+
+/// Writes the seeds into `dir` (which exists), each prefixed by an options byte as the fuzz
+/// targets read it; returns how many it wrote. Throws e8kv::Error when a file cannot be written.
+int write_seed_corpus(const std::string& dir);
+
+/// When the environment variable E8KV_FUZZ_WRITE_SEEDS names a directory, writes the seeds there
+/// and exits (status 0); called from LLVMFuzzerInitialize of every target.
+void write_seeds_if_asked();
+
+}  // namespace e8kv::fuzz

@@ -1,0 +1,390 @@
+// The layer table (src/container/layer_table.hpp) and the geometry of a layer's chunks
+// (src/container/format.hpp): what the writer checks and writes per layer, and what the reader
+// parses and sizes.
+#include "container/layer_table.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+
+#include "container/header.hpp"
+#include "container/layout_record.hpp"
+#include "e8kv/numeric/half.hpp"
+
+namespace e8kv::entropy {
+
+using io::check;
+using io::fail;
+using io::sat_add;
+using io::sat_mul;
+
+// ---- geometry --------------------------------------------------------------------------------------
+
+CodecGeometry geometry(quant::Codec c, int head_dim, int gain_bits) {
+  CodecGeometry g;
+  if (c == quant::Codec::kFp16) {
+    g.width = 2;
+    g.cols = head_dim;
+    g.code_bytes = static_cast<size_t>(2 * head_dim);
+    g.has_gain = false;
+  } else {
+    g.width = quant::index_bits(c) / 8;
+    g.cols = head_dim / 8;
+    g.code_bytes = static_cast<size_t>(g.width) * static_cast<size_t>(g.cols);
+    g.has_gain = true;
+    g.gain_width = gain_bits == 8 ? 1 : 2;
+  }
+  return g;
+}
+
+ChunkRows chunk_rows(int64_t chunk, int64_t chunk_tokens, int64_t coded, int64_t window) {
+  const int64_t n = coded + window;
+  ChunkRows r;
+  r.lo = std::min(chunk * chunk_tokens, n);
+  r.hi = std::min(r.lo + chunk_tokens, n);
+  r.coded_lo = std::min(r.lo, coded);
+  r.coded_hi = std::min(r.hi, coded);
+  r.window_lo = std::max(r.lo, coded) - coded;
+  r.window_hi = std::max(r.hi, coded) - coded;
+  return r;
+}
+
+std::vector<ChunkRows> chunk_rows_of(const LayerCounts& c, int64_t chunk, int64_t chunk_tokens) {
+  std::vector<ChunkRows> rows(c.coded.size());
+  for (size_t s = 0; s < rows.size(); ++s) rows[s] = chunk_rows(chunk, chunk_tokens, c.coded[s], c.window[s]);
+  return rows;
+}
+
+std::vector<StreamPlan> cache_chunk_plans(const CacheLayout& L, int l, const std::vector<ChunkRows>& rows) {
+  const size_t sets = rows.size();
+  const CodecGeometry kg = key_geometry(L, l), vg = value_geometry(L, l);
+  std::vector<StreamPlan> plans;
+  StreamShape pos{{}, 1, 4};
+  for (const auto& r : rows) pos.segment_rows.push_back(r.hi - r.lo);
+  plans.push_back({StreamKind::kPositions, pos});
+  auto per_head = [&](StreamKind k, int64_t cols, int width, bool coded) {
+    StreamShape sh{{}, cols, width};
+    for (int h = 0; h < L.n_kv_heads; ++h) {
+      const auto& r = rows[sets == 1 ? 0 : static_cast<size_t>(h)];
+      sh.segment_rows.push_back(coded ? r.coded() : r.window());
+    }
+    plans.push_back({k, sh});
+  };
+  per_head(StreamKind::kKeyCodes, kg.cols, kg.width, true);
+  per_head(StreamKind::kValueCodes, vg.cols, vg.width, true);
+  per_head(StreamKind::kKeyGains, kg.has_gain ? 1 : 0, kg.gain_width == 1 ? 1 : 2, true);
+  per_head(StreamKind::kValueGains, vg.has_gain ? 1 : 0, vg.gain_width == 1 ? 1 : 2, true);
+  per_head(StreamKind::kWindowKeys, L.head_dim, 2, false);
+  per_head(StreamKind::kWindowValues, L.head_dim, 2, false);
+  return plans;
+}
+
+uint64_t cache_chunk_raw_bytes(const CacheLayout& L, int l, const LayerCounts& c, int64_t chunk, int64_t chunk_tokens) {
+  const size_t sets = c.coded.size();
+  uint64_t b = 0;
+  for (size_t s = 0; s < sets; ++s) {
+    const ChunkRows r = chunk_rows(chunk, chunk_tokens, c.coded[s], c.window[s]);
+    b = sat_add(b, 4 * static_cast<uint64_t>(r.hi - r.lo));  // positions
+    const uint64_t heads = sets == 1 ? static_cast<uint64_t>(L.n_kv_heads) : 1;
+    b = sat_add(b, sat_mul(heads, layer_head_bytes(L, l, r.coded(), r.window())));
+  }
+  return b;
+}
+
+void check_positions(const std::vector<int32_t>& coded, const std::vector<int32_t>& window, int64_t pinned, int layer,
+                     size_t set) {
+  const size_t np = static_cast<size_t>(std::min<int64_t>(std::max<int64_t>(pinned, 0), static_cast<int64_t>(window.size())));
+  int32_t prev = -1;
+  auto run = [&](const int32_t* p, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+      if (p[i] <= prev)
+        fail(fmt::format("positions of layer {}, set {} are not >= 0 and strictly increasing (pinned window tokens, "
+                         "coded tokens, window tokens): {} after {}",
+                         layer, set, p[i], prev));
+      prev = p[i];
+    }
+  };
+  run(window.data(), np);
+  run(coded.data(), coded.size());
+  run(window.data() + np, window.size() - np);
+}
+
+// ---- writing ----------------------------------------------------------------------------------------
+
+namespace {
+
+bool positive_fp16(uint16_t bits) {
+  const float f = fp16_bits_to_float(bits);
+  return std::isfinite(f) && f > 0.f;
+}
+
+// The vectors of head h of a layer agree with its set's counts and the codecs.
+void check_head(const CacheLayout& L, int l, int h, const CompressedKV::HeadData& hd, size_t coded, size_t window) {
+  const CodecGeometry kg = key_geometry(L, l), vg = value_geometry(L, l);
+  const size_t d = static_cast<size_t>(L.head_dim);
+  const bool sizes_ok = hd.key_codes.size() == coded * kg.code_bytes && hd.value_codes.size() == coded * vg.code_bytes &&
+                        hd.key_gains.size() == (kg.gain_width == 2 ? coded : 0) &&
+                        hd.value_gains.size() == (vg.gain_width == 2 ? coded : 0) &&
+                        hd.key_gain_codes.size() == (kg.gain_width == 1 ? coded : 0) &&
+                        hd.value_gain_codes.size() == (vg.gain_width == 1 ? coded : 0) &&
+                        hd.window_keys.size() == window * d && hd.window_values.size() == window * d;
+  check(sizes_ok, "layer {} head {}: code, gain or window sizes disagree with its position counts and codecs", l, h);
+  check((hd.key_mean.empty() || hd.key_mean.size() == d) && (hd.value_mean.empty() || hd.value_mean.size() == d),
+        "layer {} head {}: key_mean and value_mean must be empty or hold head_dim values", l, h);
+  for (uint16_t ref : {hd.key_gain_ref, hd.value_gain_ref})
+    check(ref == 0 || (L.gain_bits == 8 && positive_fp16(ref)),
+          "layer {} head {}: gain references must be 0 or (gain_bits 8) positive and finite", l, h);
+  check((kg.gain_width != 1 || coded == 0 || hd.key_gain_ref != 0) &&
+            (vg.gain_width != 1 || coded == 0 || hd.value_gain_ref != 0),
+        "layer {} head {}: 8-bit gains need their reference", l, h);
+  check(hd.key_channel_scale.empty() || (hd.key_channel_scale.size() == d && L.query_weighted_keys),
+        "layer {} head {}: key_channel_scale must be empty or hold head_dim values (and needs "
+        "layout.query_weighted_keys)",
+        l, h);
+}
+
+}  // namespace
+
+LayerCounts checked_counts(const CompressedKV& cache, int l, int64_t chunk_tokens) {
+  const CacheLayout& L = cache.layout();
+  const auto& ld = cache.layer(l);
+  const size_t sets = position_sets(L);
+  check(ld.positions.size() == sets && ld.window_positions.size() == sets &&
+            ld.heads.size() == static_cast<size_t>(L.n_kv_heads),
+        "layer {} has {} position sets and {} heads; the layout needs {} and {}", l, ld.positions.size(),
+        ld.heads.size(), sets, L.n_kv_heads);
+  LayerCounts c;
+  c.original_tokens = ld.original_tokens;
+  c.pinned = ld.pinned;
+  for (size_t s = 0; s < sets; ++s) {
+    c.coded.push_back(static_cast<int64_t>(ld.positions[s].size()));
+    c.window.push_back(static_cast<int64_t>(ld.window_positions[s].size()));
+    check(c.coded[s] + c.window[s] <= kMaxSetTokens, "layer {} set {} stores {} tokens; accepted: at most {}", l, s,
+          c.coded[s] + c.window[s], kMaxSetTokens);
+    check(c.pinned >= 0 && c.pinned <= c.window[s], "layer {}: pinned {} is outside [0, window tokens of set {} = {}]",
+          l, c.pinned, s, c.window[s]);
+    check_positions(ld.positions[s], ld.window_positions[s], c.pinned, l, s);
+  }
+  check(c.original_tokens >= c.max_stored(), "layer {}: original_tokens {} is below the stored token count {}", l,
+        c.original_tokens, c.max_stored());
+  for (int h = 0; h < L.n_kv_heads; ++h) {
+    const size_t s = sets == 1 ? 0 : static_cast<size_t>(h);
+    check_head(L, l, h, ld.heads[static_cast<size_t>(h)], static_cast<size_t>(c.coded[s]), static_cast<size_t>(c.window[s]));
+  }
+  check(ld.query_energy.empty() || (ld.query_energy.size() == static_cast<size_t>(L.n_kv_heads) && L.query_weighted_keys),
+        "layer {}: query_energy must be empty or hold one vector per KV head (and needs layout.query_weighted_keys)", l);
+  for (const auto& e : ld.query_energy)
+    check(e.size() == static_cast<size_t>(L.head_dim), "layer {}: query_energy vectors must hold head_dim values", l);
+  c.n_chunks = chunks_for(c.max_stored(), chunk_tokens);
+  return c;
+}
+
+void write_layer_entry(io::ByteWriter& w, const LayerCounts& c, const CompressedKV::LayerData& ld, uint16_t version) {
+  w.i64(c.original_tokens);
+  w.i64(c.pinned);
+  w.u64(static_cast<uint64_t>(c.first_chunk));
+  w.u64(static_cast<uint64_t>(c.n_chunks));
+  for (size_t s = 0; s < c.coded.size(); ++s) {
+    w.u64(static_cast<uint64_t>(c.coded[s]));
+    w.u64(static_cast<uint64_t>(c.window[s]));
+  }
+  // Per head the centring means (u16 lengths, fp16 values).
+  for (const auto& hd : ld.heads) {
+    w.u16(static_cast<uint16_t>(hd.key_mean.size()));
+    w.u16(static_cast<uint16_t>(hd.value_mean.size()));
+    w.bytes(hd.key_mean.data(), 2 * hd.key_mean.size());
+    w.bytes(hd.value_mean.data(), 2 * hd.value_mean.size());
+  }
+  if (version < 2) return;
+  // Version 2, per head: the key channel scales (fp16), the pending query energy (f32; kept
+  // until the first flush turns it into scales, which a reader that appends needs) and the
+  // references of the 8-bit gains (fp16; 0 while unset or with fp16 gains).
+  for (size_t h = 0; h < ld.heads.size(); ++h) {
+    const auto& hd = ld.heads[h];
+    w.u16(static_cast<uint16_t>(hd.key_channel_scale.size()));
+    w.bytes(hd.key_channel_scale.data(), 2 * hd.key_channel_scale.size());
+    const size_t ne = ld.query_energy.empty() ? 0 : ld.query_energy[h].size();
+    w.u16(static_cast<uint16_t>(ne));
+    for (size_t i = 0; i < ne; ++i) w.f32(ld.query_energy[h][i]);
+    w.u16(hd.key_gain_ref);
+    w.u16(hd.value_gain_ref);
+  }
+}
+
+size_t layer_entry_bytes(const CompressedKV::LayerData& ld, size_t sets, uint16_t version) {
+  size_t b = kLayerEntryFixedBytes + kLayerEntrySetBytes * sets;
+  for (const auto& hd : ld.heads) b += 4 + 2 * (hd.key_mean.size() + hd.value_mean.size());
+  if (version >= 2)
+    for (size_t h = 0; h < ld.heads.size(); ++h)
+      b += 8 + 2 * ld.heads[h].key_channel_scale.size() + (ld.query_energy.empty() ? 0 : 4 * ld.query_energy[h].size());
+  return b;
+}
+
+// ---- sizes ------------------------------------------------------------------------------------------
+
+uint64_t codecs_bytes(const CacheLayout& L) {
+  // CacheCodecs: rotations (sign words + multipliers), quantizers, RoPE tables (4096 entries of
+  // rotary pairs × cos, sin), plus slack for the objects themselves.
+  const uint64_t d = static_cast<uint64_t>(L.head_dim);
+  uint64_t b = sat_mul(sat_mul(static_cast<uint64_t>(L.n_layers), static_cast<uint64_t>(L.n_kv_heads)),
+                       2 * (d * 4 + d / 8 + 128));
+  b = sat_add(b, sat_mul(static_cast<uint64_t>(L.n_layers), 256));
+  b = sat_add(b, 4096 * d * 4 + 65536);
+  return b;
+}
+
+uint64_t layer_head_bytes(const CacheLayout& L, int l, int64_t coded, int64_t window) {
+  const CodecGeometry kg = key_geometry(L, l), vg = value_geometry(L, l);
+  const uint64_t per_coded = kg.code_bytes + vg.code_bytes + static_cast<uint64_t>(kg.gain_width + vg.gain_width);
+  const uint64_t per_window = 4 * static_cast<uint64_t>(L.head_dim);
+  return sat_add(sat_mul(static_cast<uint64_t>(coded), per_coded), sat_mul(static_cast<uint64_t>(window), per_window));
+}
+
+uint64_t layer_range_bytes(const CacheLayout& L, int l, const LayerCounts& c, int64_t begin, int64_t end) {
+  const size_t sets = c.coded.size();
+  uint64_t b = sizeof(CompressedKV::LayerData) + sets * 2 * sizeof(std::vector<int32_t>) +
+               static_cast<uint64_t>(L.n_kv_heads) * sizeof(CompressedKV::HeadData);
+  for (int h = 0; h < L.n_kv_heads; ++h) {
+    const size_t s = sets == 1 ? 0 : static_cast<size_t>(h);
+    const int64_t n = c.coded[s] + c.window[s];
+    const int64_t lo = std::min(begin, n), hi = std::min(end, n);
+    const int64_t coded = std::max<int64_t>(0, std::min(hi, c.coded[s]) - lo);
+    const int64_t window = (hi - lo) - coded;
+    b = sat_add(b, layer_head_bytes(L, l, coded, window));
+  }
+  for (size_t s = 0; s < sets; ++s) {
+    const int64_t n = c.coded[s] + c.window[s];
+    b = sat_add(b, 4 * static_cast<uint64_t>(std::min(end, n) - std::min(begin, n)));
+  }
+  return b;
+}
+
+// ---- parsing ----------------------------------------------------------------------------------------
+
+namespace {
+
+// Token counts, pinned and chunk range of layer l (the range is checked by the caller).
+LayerCounts read_counts(io::ByteReader& r, int l, size_t sets, uint64_t& first, uint64_t& count) {
+  LayerCounts c;
+  c.original_tokens = r.i64("original_tokens");
+  c.pinned = r.i64("pinned");
+  first = r.u64("first_chunk");
+  count = r.u64("n_chunks");
+  for (size_t s = 0; s < sets; ++s) {
+    const uint64_t coded = r.u64("coded_tokens"), window = r.u64("window_tokens");
+    check(coded <= static_cast<uint64_t>(kMaxSetTokens) && window <= static_cast<uint64_t>(kMaxSetTokens) - coded,
+          "layer {} set {}: token counts {} + {} exceed {}", l, s, coded, window, kMaxSetTokens);
+    c.coded.push_back(static_cast<int64_t>(coded));
+    c.window.push_back(static_cast<int64_t>(window));
+  }
+  check(c.original_tokens >= c.max_stored() && c.original_tokens <= kMaxOriginalTokens,
+        "layer {}: original_tokens {} is outside [its {} stored tokens, {}]", l, c.original_tokens, c.max_stored(),
+        kMaxOriginalTokens);
+  for (size_t s = 0; s < sets; ++s)
+    check(c.pinned >= 0 && c.pinned <= c.window[s], "layer {}: pinned {} is outside [0, window tokens of set {} = {}]",
+          l, c.pinned, s, c.window[s]);
+  return c;
+}
+
+// `n` fp16 values (checked against what is left).
+std::vector<uint16_t> read_fp16s(io::ByteReader& r, size_t n, const char* field) {
+  std::vector<uint16_t> v(n);
+  const uint8_t* p = r.take(2 * n, field);
+  if (n > 0) std::memcpy(v.data(), p, 2 * n);
+  return v;
+}
+
+// Version 2 fields of one head: key channel scales, pending query energy, gain references.
+void read_v2_head(io::ByteReader& r, const CacheLayout& L, int l, int h, Header& hdr, uint64_t& decoded) {
+  const uint16_t sl = r.u16("key_channel_scale length");
+  check(sl == 0 || (sl == L.head_dim && L.query_weighted_keys),
+        "layer {} head {}: key_channel_scale length {} must be 0 or head_dim {} (with query_weighted_keys)", l, h, sl,
+        L.head_dim);
+  std::vector<uint16_t> scales = read_fp16s(r, sl, "key channel scales");
+  check(std::all_of(scales.begin(), scales.end(), positive_fp16),
+        "layer {} head {}: key channel scales must be positive and finite", l, h);
+  hdr.key_channel_scale.back()[static_cast<size_t>(h)] = std::move(scales);
+  auto& energies = hdr.query_energy.back();
+  const uint16_t el = r.u16("query_energy length");
+  check(el == 0 || (el == L.head_dim && L.query_weighted_keys),
+        "layer {} head {}: query_energy length {} must be 0 or head_dim {} (with query_weighted_keys)", l, h, el,
+        L.head_dim);
+  if (h > 0)
+    check((el != 0) == !energies.empty(), "layer {}: query_energy must be given for all heads or none", l);
+  r.need(4 * static_cast<size_t>(el), "query energy");
+  if (el > 0) {
+    std::vector<float> e(el);
+    for (auto& x : e) {
+      x = r.f32("query energy");
+      check(std::isfinite(x) && x >= 0.f, "layer {}: query energies must be finite and >= 0", l);
+    }
+    energies.push_back(std::move(e));
+  }
+  decoded = sat_add(decoded, 2 * static_cast<uint64_t>(sl) + 4 * static_cast<uint64_t>(el));
+  for (auto& ref : hdr.gain_ref.back()[static_cast<size_t>(h)]) {
+    ref = r.u16("gain reference");
+    check(ref == 0 || (L.gain_bits == 8 && positive_fp16(ref)),
+          "layer {} head {}: gain reference must be 0 or (gain_bits 8) positive and finite", l, h);
+  }
+}
+
+}  // namespace
+
+void parse_cache_tables(io::ByteReader& r, Header& h, uint64_t n_chunks) {
+  const int64_t T = h.info.chunk_tokens;
+  CacheLayout& L = h.info.layout;
+  L = read_layout_record(r, static_cast<uint16_t>(h.info.format_version));
+  const size_t sets = position_sets(L);
+  const size_t H = static_cast<size_t>(L.n_kv_heads);
+  r.need(static_cast<size_t>(L.n_layers) * (kLayerEntryFixedBytes + kLayerEntrySetBytes * sets + 4 * H), "layer table");
+  uint64_t decoded = codecs_bytes(L);
+  int64_t next_chunk = 0;
+  for (int l = 0; l < L.n_layers; ++l) {
+    uint64_t first = 0, count = 0;
+    LayerCounts c = read_counts(r, l, sets, first, count);
+    h.key_mean.emplace_back(H);
+    h.value_mean.emplace_back(H);
+    for (size_t hh = 0; hh < H; ++hh) {
+      const uint16_t kl = r.u16("key_mean length"), vl = r.u16("value_mean length");
+      check((kl == 0 || kl == L.head_dim) && (vl == 0 || vl == L.head_dim),
+            "layer {} head {}: mean lengths {}, {} must be 0 or head_dim {}", l, hh, kl, vl, L.head_dim);
+      h.key_mean.back()[hh] = read_fp16s(r, kl, "means");
+      h.value_mean.back()[hh] = read_fp16s(r, vl, "means");
+      decoded = sat_add(decoded, 2 * (static_cast<uint64_t>(kl) + vl));
+    }
+    h.key_channel_scale.emplace_back(H);
+    h.query_energy.emplace_back();
+    h.gain_ref.emplace_back(H, std::array<uint16_t, 2>{0, 0});
+    if (h.info.format_version >= 2)
+      for (int hh = 0; hh < L.n_kv_heads; ++hh) read_v2_head(r, L, l, hh, h, decoded);
+    c.n_chunks = chunks_for(c.max_stored(), T);
+    check(first == static_cast<uint64_t>(next_chunk) && count == static_cast<uint64_t>(c.n_chunks),
+          "layer {}: chunk range (first {}, count {}) should be ({}, {})", l, first, count, next_chunk, c.n_chunks);
+    c.first_chunk = next_chunk;
+    next_chunk += c.n_chunks;
+    check(static_cast<uint64_t>(next_chunk) <= n_chunks, "the layer table needs more chunks than the header's n_chunks {}",
+          n_chunks);
+    decoded = sat_add(decoded, layer_range_bytes(L, l, c, 0, c.max_stored()));
+    for (int64_t ci = 0; ci < c.n_chunks; ++ci) {
+      h.chunk_raw.push_back(cache_chunk_raw_bytes(L, l, c, ci, T));
+      h.max_chunk_raw = std::max(h.max_chunk_raw, h.chunk_raw.back());
+    }
+    ContainerInfo::Layer info;
+    info.original_tokens = c.original_tokens;
+    info.pinned = c.pinned;
+    info.coded_tokens = c.coded;
+    info.window_tokens = c.window;
+    info.first_chunk = c.first_chunk;
+    info.n_chunks = c.n_chunks;
+    h.info.layers.push_back(std::move(info));
+    h.layers.push_back(std::move(c));
+  }
+  check(static_cast<uint64_t>(next_chunk) == n_chunks, "the header's n_chunks {} differs from the layer table's {}",
+        n_chunks, next_chunk);
+  h.info.decoded_bytes = decoded;
+}
+
+}  // namespace e8kv::entropy
