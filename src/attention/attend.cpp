@@ -19,6 +19,7 @@
 #include <type_traits>
 
 #include "attention/attend_kernels.hpp"
+#include "detail/finite.hpp"
 #include "e8kv/numeric/fp.hpp"
 #include "e8kv/codebook/host_decode.hpp"
 #include "e8kv/error.hpp"
@@ -585,18 +586,12 @@ void finish_request(ResolvedRequest& r) {
 }
 
 void check_query(const float* q, size_t n, int n_q_heads, int d) {
-  uint32_t special = 0;
-  for (size_t i = 0; i < n; ++i) {
-    uint32_t b;
-    std::memcpy(&b, &q[i], 4);
-    special |= static_cast<uint32_t>((b & 0x7f800000u) == 0x7f800000u);
-  }
-  if (special == 0) return;
-  for (size_t i = 0; i < n; ++i)
-    if (!std::isfinite(q[i]))
-      throw Error("attend: non-finite query value at token " + std::to_string(i / (static_cast<size_t>(n_q_heads) * d)) +
-                  ", query head " + std::to_string(i / d % n_q_heads) + ", element " + std::to_string(i % d));
+  const size_t i = detail::first_non_finite(q, n);
+  if (i < n)
+    throw Error("attend: non-finite query value at token " + std::to_string(i / (static_cast<size_t>(n_q_heads) * d)) +
+                ", query head " + std::to_string(i / d % n_q_heads) + ", element " + std::to_string(i % d));
 }
+
 
 }  // namespace
 
