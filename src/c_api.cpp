@@ -207,6 +207,7 @@ void require_layer(const e8kv::CompressedKV& cache, int32_t layer) {
 }
 
 void require_query_position(const e8kv::CompressedKV& cache, int32_t layer, int32_t position, const std::string& what) {
+  require_argument(position >= 0, what + " " + std::to_string(position) + " is negative; accepted: >= 0");
   const int64_t last = last_stored_position(cache, layer);
   require_argument(position >= last, what + " " + std::to_string(position) + " precedes position " +
                                          std::to_string(last) + " stored in layer " + std::to_string(layer) +

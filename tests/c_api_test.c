@@ -809,6 +809,8 @@ static void test_errors_nan_and_positions(void) {
   make_query(q, 1);
   CHECK_FAILS(e8kv_attend(cache, 1, q, 20, out, NULL, NULL), E8KV_ERROR_INVALID_ARGUMENT,
               "position 20 precedes position 67");
+  CHECK_FAILS(e8kv_attend(cache, 1, q, -1, out, NULL, NULL), E8KV_ERROR_INVALID_ARGUMENT,
+              "position -1 is negative");
   CHECK(same_container(cache, before));
   CHECK_OK(e8kv_append(c, cache, 1, E8KV_DTYPE_F32, g_seq.keys[1], g_seq.values[1], 68));
   CHECK_OK(e8kv_attend(cache, 1, q, 68, out, NULL, NULL));
@@ -878,6 +880,62 @@ static void test_errors_container(void) {
 }
 
 #ifdef HAVE_PTHREADS
+/* Threads attending to one cache at once, all through one pool (the documented guarantees:
+ * reads of a cache may overlap; a pool may be passed by several threads). */
+enum { kReaders = 4, kReads = 10 };
+typedef struct Reader {
+  const e8kv_cache* cache;
+  e8kv_thread_pool* pool;
+  const float* q;        /* [kReads, kQRow] */
+  const float* expected; /* [kReads, kQRow] from the calling thread, without a pool */
+  int mismatches;
+} Reader;
+
+static void* read_concurrently(void* arg) {
+  Reader* r = (Reader*)arg;
+  float out[kQRow];
+  int i;
+  for (i = 0; i < kReads; ++i) {
+    if (e8kv_attend(r->cache, i % kLayers, r->q + i * kQRow, kTokens, out, NULL, r->pool) != E8KV_OK ||
+        memcmp(out, r->expected + i * kQRow, sizeof out) != 0)
+      ++r->mismatches;
+  }
+  return NULL;
+}
+
+static void test_concurrent_reads(void) {
+  e8kv_compressor* c = make_compressor("preset=high");
+  e8kv_kv_input kv = kv_input(E8KV_DTYPE_F32, 0, kTokens);
+  e8kv_query_input queries = query_input(E8KV_DTYPE_F32);
+  e8kv_cache* cache = NULL;
+  e8kv_thread_pool* pool = NULL;
+  static float q[kReads * kQRow], expected[kReads * kQRow];
+  Reader readers[kReaders];
+  pthread_t threads[kReaders];
+  int i;
+  CHECK_OK(e8kv_compress(c, &kv, &queries, NULL, &cache));
+  CHECK_OK(e8kv_thread_pool_create(2, &pool));
+  if (!cache || !pool) return;
+  make_query(q, kReads);
+  for (i = 0; i < kReads; ++i)
+    CHECK_OK(e8kv_attend(cache, i % kLayers, q + i * kQRow, kTokens, expected + i * kQRow, NULL, NULL));
+  for (i = 0; i < kReaders; ++i) {
+    readers[i].cache = cache;
+    readers[i].pool = i % 2 ? pool : NULL; /* half through the shared pool, half inline */
+    readers[i].q = q;
+    readers[i].expected = expected;
+    readers[i].mismatches = 0;
+    CHECK(pthread_create(&threads[i], NULL, read_concurrently, &readers[i]) == 0);
+  }
+  for (i = 0; i < kReaders; ++i) {
+    CHECK(pthread_join(threads[i], NULL) == 0);
+    CHECK(readers[i].mismatches == 0);
+  }
+  e8kv_thread_pool_destroy(pool);
+  e8kv_cache_destroy(cache);
+  e8kv_compressor_destroy(c);
+}
+
 static void* fail_on_another_thread(void* message_copy) {
   e8kv_thread_pool* pool = NULL;
   if (e8kv_thread_pool_create(5000, &pool) == E8KV_ERROR_INVALID_ARGUMENT)
@@ -924,6 +982,9 @@ int main(void) {
   test_errors_nan_and_positions();
   test_errors_container();
   test_last_error_per_thread();
+#ifdef HAVE_PTHREADS
+  test_concurrent_reads();
+#endif
   if (g_failures) {
     fprintf(stderr, "c_api_test: %d of %d checks failed\n", g_failures, g_checks);
     return 1;

@@ -168,8 +168,8 @@ E8KV_C_EXPORT void e8kv_cache_destroy(e8kv_cache* cache) E8KV_NOEXCEPT;
 /* Decode attention of one query token at `position` over every token `layer` stores: q is
  * [n_q_heads, head_dim] post-RoPE; out receives [n_q_heads, head_dim]; lse (NULL, or n_q_heads
  * floats) the natural-log sum of exp(scale * q.k) per query head, to merge partial attentions
- * (e8kv_merge_attention). position may not precede a stored position (the query would see its
- * future). A layer with no stored token gives out = 0 and lse = -inf. pool may be NULL. */
+ * (e8kv_merge_attention). position must be >= 0 and may not precede a stored position (the
+ * query would see its future). A layer with no stored token gives out = 0 and lse = -inf. pool may be NULL. */
 E8KV_C_EXPORT e8kv_status e8kv_attend(const e8kv_cache* cache, int32_t layer, const float* q, int32_t position,
                                       float* out, float* lse, e8kv_thread_pool* pool) E8KV_NOEXCEPT;
 
