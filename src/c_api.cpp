@@ -527,7 +527,7 @@ e8kv_status e8kv_serialize_alloc(const e8kv_cache* cache, void** buffer, size_t*
     require_argument(buffer != nullptr && size != nullptr, "buffer or size (outputs) is NULL");
     const e8kv::entropy::ContainerOptions options;
     const size_t bound = e8kv::entropy::serialized_size_bound(cache->kv, options);
-    // malloc, not new[]: e8kv_free releases it with free(), and C callers may too after realloc.
+    // malloc, not new[]: e8kv_free releases it with free().
     std::unique_ptr<void, decltype(&std::free)> data(std::malloc(bound), &std::free);
     if (!data) throw std::bad_alloc();
     const size_t written = e8kv::entropy::serialize(cache->kv, options, static_cast<uint8_t*>(data.get()), bound);
