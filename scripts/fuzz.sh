@@ -47,13 +47,8 @@ compile() {  # src, flags...: compiles in the background (at most JOBS at once);
   fi
 }
 objects=()
-# clang (14 and later) refuses the attention kernels' AVX vectors passed between functions built
-# without AVX ("changes the ABI"); gcc accepts them. Building those files for AVX2 lets the fuzz
-# build link on the AVX2 hosts it runs on (it is never shipped).
 for src in "${SUPPORT[@]}"; do
-  extra=()
-  case "$src" in "$ROOT"/src/attention/*) extra=(-mavx2 -mfma -mf16c) ;; esac
-  compile "$src" -O0 -fsanitize=address,undefined "${extra[@]}"
+  compile "$src" -O0 -fsanitize=address,undefined
   objects+=("$obj")
 done
 for src in "${FUZZED[@]}"; do compile "$src" -O1 -fsanitize=fuzzer-no-link,address,undefined; objects+=("$obj"); done

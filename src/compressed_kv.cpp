@@ -432,26 +432,27 @@ DenseLayer CompressedKV::decompress_layer(int l) const {
   DenseLayer out;
   out.kv_heads = L.n_kv_heads;
   out.head_dim = L.head_dim;
-  int32_t lo = std::numeric_limits<int32_t>::max(), hi = std::numeric_limits<int32_t>::min();
   std::vector<CompactHead> heads;
   for (int h = 0; h < L.n_kv_heads; ++h) {
     heads.push_back(decompress_head(l, h));
-    for (int32_t p : heads.back().positions) {
-      lo = std::min(lo, p);
-      hi = std::max(hi, p);
-    }
+    out.positions.insert(out.positions.end(), heads.back().positions.begin(), heads.back().positions.end());
   }
-  if (lo > hi) return out;
-  out.first_position = lo;
-  out.tokens = static_cast<int64_t>(hi) - lo + 1;
+  // Rows: the union of the heads' positions (each head's list is ascending and duplicate-free).
+  std::sort(out.positions.begin(), out.positions.end());
+  out.positions.erase(std::unique(out.positions.begin(), out.positions.end()), out.positions.end());
+  if (out.positions.empty()) return out;
+  out.first_position = out.positions.front();
+  out.tokens = static_cast<int64_t>(out.positions.size());
   const int64_t H = L.n_kv_heads, d = L.head_dim;
   out.keys.assign(static_cast<size_t>(out.tokens * H * d), 0.f);
   out.values.assign(static_cast<size_t>(out.tokens * H * d), 0.f);
   out.mask.assign(static_cast<size_t>(H * out.tokens), -std::numeric_limits<float>::infinity());
   for (int64_t h = 0; h < H; ++h) {
     const auto& ch = heads[static_cast<size_t>(h)];
+    auto row = out.positions.begin();
     for (size_t i = 0; i < ch.positions.size(); ++i) {
-      const int64_t t = ch.positions[i] - lo;
+      row = std::lower_bound(row, out.positions.end(), ch.positions[i]);
+      const int64_t t = row - out.positions.begin();
       out.mask[static_cast<size_t>(h * out.tokens + t)] = 0.f;
       std::copy(&ch.keys[i * d], &ch.keys[i * d] + d, &out.keys[static_cast<size_t>((t * H + h) * d)]);
       std::copy(&ch.values[i * d], &ch.values[i * d] + d, &out.values[static_cast<size_t>((t * H + h) * d)]);

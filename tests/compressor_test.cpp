@@ -2,6 +2,7 @@
 // GQA/MQA, ragged batches, append/flush equivalence, byte accounting and error handling.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <thread>
@@ -230,19 +231,52 @@ TEST(Compressor, SinksAndRecentKeptAndRateMetExactly) {
   }
 }
 
-TEST(Compressor, EvictedTokensAreMaskedNotZeroed) {
+TEST(Compressor, EvictedTokensAreMaskedOrAbsentNeverZeroed) {
   Fixture f(default_spec(105));
   KVCompressor c(f.shape, Config::preset("balanced"));
   const auto cache = c.compress(f.seq, &f.queries);
   const auto dense = cache.decompress_layer(0);
-  int evicted = 0;
-  for (int64_t t = 0; t < dense.tokens; ++t) {
-    const float m = dense.mask[t];
-    ASSERT_TRUE(m == 0.f || m == -std::numeric_limits<float>::infinity());
-    evicted += m != 0.f;
+  ASSERT_EQ(dense.positions.size(), static_cast<size_t>(dense.tokens));
+  const int64_t H = dense.kv_heads, d = dense.head_dim;
+  for (int64_t h = 0; h < H; ++h) {
+    std::vector<int32_t> stored = cache.positions(0, static_cast<int>(h));
+    const auto& w = cache.window_positions(0, static_cast<int>(h));
+    stored.insert(stored.end(), w.begin(), w.end());
+    std::vector<int32_t> present;
+    for (int64_t t = 0; t < dense.tokens; ++t) {
+      const float m = dense.mask[static_cast<size_t>(h * dense.tokens + t)];
+      ASSERT_TRUE(m == 0.f || m == -std::numeric_limits<float>::infinity());
+      if (m == 0.f) {
+        present.push_back(dense.positions[static_cast<size_t>(t)]);
+      } else {
+        for (int64_t i = 0; i < d; ++i) ASSERT_EQ(dense.keys[static_cast<size_t>((t * H + h) * d + i)], 0.f);
+      }
+    }
+    std::sort(stored.begin(), stored.end());
+    EXPECT_EQ(present, stored) << "head " << h;
   }
-  EXPECT_EQ(evicted, f.data.spec.tokens - cache.stored_tokens(0, 0));
-  EXPECT_GT(evicted, 0);
+  // Tokens no head keeps have no row: evicted, never a zero row that attention would weigh.
+  EXPECT_LT(dense.tokens, f.data.spec.tokens);
+  EXPECT_EQ(dense.positions.front(), 0);
+  EXPECT_EQ(dense.positions.back(), f.data.spec.tokens - 1);
+}
+
+// A dense layer is sized by the tokens stored, not by the span of their positions: one token
+// appended a billion positions ahead used to make decompress_layer allocate for the whole span
+// (std::bad_alloc).
+TEST(Compressor, DenseLayerIsSizedByTokensNotPositionSpan) {
+  Fixture f(default_spec(107));
+  KVCompressor c(f.shape, Config::preset("quant-k3v2"));
+  auto cache = c.compress(f.seq);
+  const int H = f.shape.n_kv_heads, d = f.shape.head_dim;
+  const int32_t far = 1'000'000'000;
+  for (int l = 0; l < f.shape.n_layers; ++l)
+    c.append(cache, l, &f.data.keys[l][0], &f.data.values[l][0], far);
+  const auto dense = cache.decompress_layer(0);
+  EXPECT_EQ(dense.tokens, f.data.spec.tokens + 1);
+  EXPECT_EQ(dense.positions.back(), far);
+  EXPECT_EQ(dense.keys.size(), static_cast<size_t>(dense.tokens) * H * d);
+  for (int h = 0; h < H; ++h) EXPECT_EQ(dense.mask[static_cast<size_t>(h * dense.tokens + dense.tokens - 1)], 0.f);
 }
 
 TEST(Compressor, GqaAndMqaMatchRepeatedKVReference) {

@@ -53,15 +53,6 @@ inline const DecodeRows& decode_rows() {
   return rows;
 }
 
-/// E8P's lattice point of the two index bytes at p (little-endian): (magnitude XOR sign) + shift,
-/// the floats of E8P::decode_lattice.
-E8KV_FORCE_INLINE simd::f32x8 e8p_lattice8(const DecodeRows& r, const uint8_t* p) {
-  const unsigned low = p[0], pattern = p[1];
-  const simd::u32x8 m = simd::load8u(r.magnitude[pattern]);
-  const simd::u32x8 s = simd::load8u(r.sign[low]);
-  return simd::as_f32(m ^ s) + simd::load8(r.shift[low & 1u]);
-}
-
 #define E8KV_KERNELS KernelsPortable
 #define E8KV_KERNEL_TARGET
 #define E8KV_KERNEL_ISA simd::IsaPortable

@@ -31,60 +31,9 @@ typedef int32_t i32x8 __attribute__((vector_size(32)));
 #error "src/detail/simd.hpp needs GCC or Clang vector extensions"
 #endif
 
-E8KV_FORCE_INLINE f32x8 load8(const float* p) {
-  f32x8 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-E8KV_FORCE_INLINE u32x8 load8u(const uint32_t* p) {
-  u32x8 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-E8KV_FORCE_INLINE void store8(float* p, f32x8 v) { std::memcpy(p, &v, sizeof v); }
-E8KV_FORCE_INLINE f32x8 splat8(float x) { return f32x8{x, x, x, x, x, x, x, x}; }
-E8KV_FORCE_INLINE f32x8 as_f32(u32x8 v) {
-  f32x8 r;
-  std::memcpy(&r, &v, sizeof r);
-  return r;
-}
-E8KV_FORCE_INLINE u32x8 as_u32(f32x8 v) {
-  u32x8 r;
-  std::memcpy(&r, &v, sizeof r);
-  return r;
-}
-E8KV_FORCE_INLINE f32x8 max8(f32x8 a, f32x8 b) { return a > b ? a : b; }
-E8KV_FORCE_INLINE float hmax8(f32x8 v) {
-  float m = v[0];
-  for (int i = 1; i < 8; ++i) m = v[i] > m ? v[i] : m;
-  return m;
-}
-
-/// The fixed summation tree of one vector: ((v0+v4)+(v2+v6)) + ((v1+v5)+(v3+v7)).
-E8KV_FORCE_INLINE float tree_sum8(f32x8 v) { return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7])); }
-
-/// r[i] = tree_sum8(a[i]) for eight vectors at once (the same additions, in transposed order).
-E8KV_FORCE_INLINE f32x8 tree_sum8x8(const f32x8 a[8]) {
-  // Stage 1: pairs (a_i, a_{i+1}) -> lanes 0-3 of a_i, lanes 0-3 of a_{i+1} summed with their upper halves.
-  f32x8 u[4];
-  for (int k = 0; k < 4; ++k) {
-    const f32x8 x = a[2 * k], y = a[2 * k + 1];
-    u[k] = __builtin_shufflevector(x, y, 0, 1, 2, 3, 8, 9, 10, 11) + __builtin_shufflevector(x, y, 4, 5, 6, 7, 12, 13, 14, 15);
-  }
-  // u[k] = [x0+x4, x1+x5, x2+x6, x3+x7, y0+y4, y1+y5, y2+y6, y3+y7] with x = a_2k, y = a_2k+1.
-  // Stage 2: (x0+x4)+(x2+x6) and (x1+x5)+(x3+x7), for two u's at once.
-  f32x8 w[2];
-  for (int k = 0; k < 2; ++k) {
-    const f32x8 p = u[2 * k], q = u[2 * k + 1];
-    w[k] = __builtin_shufflevector(p, q, 0, 1, 8, 9, 4, 5, 12, 13) + __builtin_shufflevector(p, q, 2, 3, 10, 11, 6, 7, 14, 15);
-  }
-  // w[k] = [A02, A13, C02, C13, B02, B13, D02, D13] for A = a_4k, B = a_4k+1, C = a_4k+2, D = a_4k+3,
-  // where A02 = (A0+A4)+(A2+A6) and A13 = (A1+A5)+(A3+A7).
-  // Stage 3: A02 + A13 for every vector, reordered to a_0 .. a_7.
-  const f32x8 lo = __builtin_shufflevector(w[0], w[1], 0, 4, 2, 6, 8, 12, 10, 14);
-  const f32x8 hi = __builtin_shufflevector(w[0], w[1], 1, 5, 3, 7, 9, 13, 11, 15);
-  return lo + hi;
-}
+// The lane helpers (load8, splat8, tree_sum8, ...) are in src/detail/simd_lanes.inc, included
+// inside each kernel struct so that they carry that struct's target: Clang refuses a call that
+// passes a 256-bit vector between functions built for different targets, even when inlined.
 
 /// The portable build: fused multiply-adds through the correctly rounded fma().
 struct IsaPortable {
@@ -94,7 +43,7 @@ struct IsaPortable {
     return r;
   }
   static E8KV_FORCE_INLINE float fma1(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
-  static E8KV_FORCE_INLINE f32x8 splat(float x) { return splat8(x); }
+  static E8KV_FORCE_INLINE f32x8 splat(float x) { return f32x8{x, x, x, x, x, x, x, x}; }
   /// Eight fp16 values (bits) to floats, exactly.
   static E8KV_FORCE_INLINE f32x8 half8(const uint16_t* p) {
     f32x8 r;

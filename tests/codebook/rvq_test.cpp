@@ -10,7 +10,9 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <limits>
+#include <random>
 #include <set>
 #include <vector>
 
@@ -567,4 +569,30 @@ TEST(EncodeVector, EqualsTheBlockByBlockDefinition) {
   check_encode_vector<Rvq3>(62);
   check_encode_vector<Rvq4>(63);
   check_encode_vector<SignCode>(64);
+}
+
+// Documented in rvq.hpp: Rvq4's index space is not canonical (encode(decode(i)) != i for a sizable
+// share of indices, including the encoder's own outputs). This pins the documented range, so a
+// change of the encoder that alters it is seen and the comment updated.
+TEST(Rvq, Rvq4IndexSpaceIsNotCanonicalAsDocumented) {
+  std::mt19937_64 rng(2026);
+  std::printf("seed 2026\n");
+  std::normal_distribution<float> normal;
+  const int n = 20000;
+  int random_moved = 0, output_moved = 0;
+  for (int k = 0; k < n; ++k) {
+    const uint32_t i = static_cast<uint32_t>(rng());
+    float x[8];
+    e8kv::codebook::Rvq4::decode(i, x);
+    random_moved += e8kv::codebook::Rvq4::encode(x) != i;
+    float y[8], z[8];
+    for (float& v : y) v = normal(rng);
+    const uint32_t j = e8kv::codebook::Rvq4::encode(y);
+    e8kv::codebook::Rvq4::decode(j, z);
+    output_moved += e8kv::codebook::Rvq4::encode(z) != j;
+  }
+  EXPECT_GT(random_moved, n / 10);
+  EXPECT_LT(random_moved, n * 35 / 100);
+  EXPECT_GT(output_moved, n / 20);
+  EXPECT_LT(output_moved, n * 25 / 100);
 }

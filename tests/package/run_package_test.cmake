@@ -1,5 +1,6 @@
 # Installs the built e8kv into a scratch prefix, then configures, builds and runs the consumer
-# project against (1) the install prefix and (2) the build tree.
+# projects (C++: consumer.cpp; C only: c/consumer_c.c through the C ABI) against (1) the install
+# prefix and (2) the build tree.
 function(run)
   execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
   if(NOT rc EQUAL 0)
@@ -22,6 +23,11 @@ foreach(kind install buildtree)
   run(${CMAKE_COMMAND} --build "${bin}")
   run("${bin}/e8kv_consumer")
   message(STATUS "consumer against the ${kind} package: OK")
+  set(cbin "${WORK_DIR}/c-consumer-${kind}")
+  run(${CMAKE_COMMAND} -S "${CONSUMER_SOURCE}/c" -B "${cbin}" -G "${GENERATOR}" ${loc} -DCMAKE_BUILD_TYPE=Release)
+  run(${CMAKE_COMMAND} --build "${cbin}")
+  run("${cbin}/e8kv_c_consumer")
+  message(STATUS "C consumer (C ABI) against the ${kind} package: OK")
 endforeach()
 
 # The quickstart example builds and runs against the installed package too.

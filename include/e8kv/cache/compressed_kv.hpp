@@ -120,14 +120,19 @@ class CacheCodecs {
 
 /// A dense view of one layer: positions [first_position, first_position + tokens), with
 /// evicted (or never seen) positions masked by -inf, never represented by zeros alone.
+/// A layer decoded to dense rows: one row per position that some head of the layer stores, so
+/// its size follows the stored tokens, never the span of their positions (a gap in the positions,
+/// an eviction shared by every head, an append far ahead: no rows). Heads that do not store a
+/// row's position have mask −inf there and zero keys/values.
 struct DenseLayer {
-  int32_t first_position = 0;
-  int64_t tokens = 0;
+  int32_t first_position = 0;       ///< positions.front() (0 when empty)
+  int64_t tokens = 0;               ///< rows: positions.size()
   int64_t kv_heads = 0;
   int64_t head_dim = 0;
-  std::vector<float> keys;    ///< [tokens, kv_heads, head_dim] post-RoPE
-  std::vector<float> values;  ///< [tokens, kv_heads, head_dim]
-  std::vector<float> mask;    ///< [kv_heads, tokens]: 0 = present, -inf = evicted
+  std::vector<int32_t> positions;   ///< [tokens] ascending: the position of each row
+  std::vector<float> keys;          ///< [tokens, kv_heads, head_dim] post-RoPE
+  std::vector<float> values;        ///< [tokens, kv_heads, head_dim]
+  std::vector<float> mask;          ///< [kv_heads, tokens]: 0 = stored, −inf = not stored by this head
 };
 
 /// The kept tokens of one (layer, head), decoded: positions ascending.
