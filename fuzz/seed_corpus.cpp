@@ -1,6 +1,6 @@
 // Seed corpus of the container fuzzers (fuzz/seed_corpus.hpp): small synthetic caches compressed
-// with every preset, written as format version 1 (qweight=0, gain_bits=16), version 2 (the
-// defaults) and version 3 (rope=residual), plus per-head positions with post-RoPE keys and
+// with every preset, written as format version 1 (qweight=0, gain_bits=16, rope=pre), version 2
+// (rope=pre) and version 3 (rope=residual, the default), plus per-head positions with post-RoPE keys and
 // scaled RoPE, a pending query energy, an empty cache and plain fp16 / bf16 containers. Each
 // blob is at most a few tens of KB.
 #include "seed_corpus.hpp"
@@ -96,7 +96,7 @@ int write_seed_corpus(const std::string& dir) {
     preset.erase(0, preset.find_first_not_of(' '));
     // Version 1: no query weighting, fp16 gains; 2: the defaults; 3: the RoPE-residual key frame.
     const std::pair<const char*, const char*> versions[] = {
-        {"v1", ",qweight=0,gain_bits=16"}, {"v2", ""}, {"v3", ",rope=residual"}};
+        {"v1", ",qweight=0,gain_bits=16,rope=pre"}, {"v2", ",rope=pre"}, {"v3", ",rope=residual"}};
     for (const auto& [name, spec_tail] : versions) {
       const Config cfg =
           Config::parse("preset=" + preset + ",mean_tokens=8,residual=4,flush=8,sinks=2,recent=8" + spec_tail);
