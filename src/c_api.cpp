@@ -472,17 +472,13 @@ e8kv_status e8kv_decompress_layer(const e8kv_cache* cache, int32_t layer, int64_
     require_argument(cache != nullptr, "cache is NULL");
     require_argument(cache->kv.valid(), "the cache holds no layout");
     require_layer(cache->kv, layer);
-    const Extent extent = layer_extent(cache->kv, layer);
-    require_argument(n_tokens == extent.n_tokens, "n_tokens is " + std::to_string(n_tokens) + "; layer " +
-                                                      std::to_string(layer) + " stores " +
-                                                      std::to_string(extent.n_tokens) +
-                                                      " positions (e8kv_cache_layer_extent)");
-    if (extent.n_tokens == 0) return;
+    // The rows are decompress_layer's own (one per stored position): decoded once, not counted
+    // again here.
     const e8kv::DenseLayer dense = cache->kv.decompress_layer(layer);
-    if (dense.tokens != extent.n_tokens || dense.first_position != extent.first_position)
-      fail(E8KV_ERROR_INTERNAL, "decompress_layer has " + std::to_string(dense.tokens) + " rows from position " +
-                                    std::to_string(dense.first_position) + ", the extent " +
-                                    std::to_string(extent.n_tokens) + " from " + std::to_string(extent.first_position));
+    require_argument(n_tokens == dense.tokens, "n_tokens is " + std::to_string(n_tokens) + "; layer " +
+                                                   std::to_string(layer) + " stores " +
+                                                   std::to_string(dense.tokens) +
+                                                   " positions (e8kv_cache_layer_extent)");
     if (positions) std::copy(dense.positions.begin(), dense.positions.end(), positions);
     if (keys) std::copy(dense.keys.begin(), dense.keys.end(), keys);
     if (values) std::copy(dense.values.begin(), dense.values.end(), values);
