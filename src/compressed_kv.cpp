@@ -8,6 +8,7 @@
 #include <limits>
 #include <string>
 
+#include "detail/finite.hpp"
 #include "e8kv/error.hpp"
 #include "e8kv/numeric/dot.hpp"
 #include "e8kv/numeric/half.hpp"
@@ -88,15 +89,8 @@ quant::VectorCodecArgs CacheCodecs::codec_args(int layer, int head, int kind) co
 
 namespace {
 void require_finite(const float* x, int d, const char* what) {
-  uint32_t special = 0;  // all-ones exponent: Inf or NaN (bit test: vectorizes, unlike isfinite)
-  for (int i = 0; i < d; ++i) {
-    uint32_t b;
-    std::memcpy(&b, &x[i], 4);
-    special |= static_cast<uint32_t>((b & 0x7f800000u) == 0x7f800000u);
-  }
-  if (special == 0) return;
-  for (int i = 0; i < d; ++i)
-    if (!std::isfinite(x[i])) throw Error(std::string(what) + ": non-finite input at element " + std::to_string(i));
+  const size_t i = detail::first_non_finite(x, static_cast<size_t>(d));
+  if (i < static_cast<size_t>(d)) throw Error(std::string(what) + ": non-finite input at element " + std::to_string(i));
 }
 }  // namespace
 

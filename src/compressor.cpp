@@ -9,6 +9,7 @@
 #include <sstream>
 #include <string>
 
+#include "detail/finite.hpp"
 #include "layer_write.hpp"
 #include "e8kv/entropy/container.hpp"
 #include "e8kv/error.hpp"
@@ -57,6 +58,16 @@ void check_layer_view(const TensorView& v, const ModelShape& s, int64_t tokens, 
                                           std::to_string(s.head_dim));
 }
 
+/// The largest stored position of a position set, −1 when empty. The pinned sinks sit at the
+/// front of the window, so the window's last token is not always the latest: coded tokens may
+/// follow the sinks.
+int64_t last_position(const CompressedKV::LayerData& ld, size_t set) {
+  int64_t last = -1;
+  if (!ld.positions[set].empty()) last = ld.positions[set].back();
+  if (!ld.window_positions[set].empty()) last = std::max<int64_t>(last, ld.window_positions[set].back());
+  return last;
+}
+
 /// Throws e8kv::Error naming the first non-finite element of a layer's tensor.
 void require_finite_layer(const TensorView& v, const char* what, int layer) {
   float buf[512];
@@ -68,17 +79,10 @@ void require_finite_layer(const TensorView& v, const char* what, int layer) {
         x = static_cast<const float*>(v.data()) + t * v.token_stride() + h * v.head_stride();
       else
         v.load(t, h, buf);
-      uint32_t special = 0;  // all-ones exponent: Inf or NaN (a bit test vectorizes)
-      for (int64_t i = 0; i < d; ++i) {
-        uint32_t b;
-        std::memcpy(&b, &x[i], 4);
-        special |= static_cast<uint32_t>((b & 0x7f800000u) == 0x7f800000u);
-      }
-      if (special == 0) continue;
-      for (int64_t i = 0; i < d; ++i)
-        if (!std::isfinite(x[i]))
-          throw Error(std::string(what) + " of layer " + std::to_string(layer) + ": non-finite value at token " +
-                      std::to_string(t) + ", head " + std::to_string(h) + ", element " + std::to_string(i));
+      const size_t i = detail::first_non_finite(x, static_cast<size_t>(d));
+      if (i < static_cast<size_t>(d))
+        throw Error(std::string(what) + " of layer " + std::to_string(layer) + ": non-finite value at token " +
+                    std::to_string(t) + ", head " + std::to_string(h) + ", element " + std::to_string(i));
     }
 }
 
@@ -143,11 +147,12 @@ void KVCompressor::extend(CompressedKV& cache, const SequenceKV& chunk, const st
     require_finite_layer(kv.keys, "keys", l);  // evicted tokens too: bad input is an error, never dropped
     require_finite_layer(kv.values, "values", l);
     const auto& ld = cache.layer(l);
-    if (n > 0) {
-      const auto& last_set = ld.window_positions[0].empty() ? ld.positions[0] : ld.window_positions[0];
-      require(last_set.empty() || pos[0] > last_set.back(),
-              "compress: chunk positions must follow the cache's last position");
-    }
+    if (n > 0)
+      for (size_t s = 0; s < ld.positions.size(); ++s) {
+        const int64_t last = last_position(ld, s);
+        require(last < pos[0], "compress: chunk position " + std::to_string(pos[0]) +
+                                   " must follow the cache's last position " + std::to_string(last));
+      }
     // The sequence's first `sinks` tokens are always kept (eviction) and, with fp16_sinks, pinned
     // in fp16, whichever call brings them.
     const int64_t before = ld.original_tokens;
@@ -229,11 +234,10 @@ void KVCompressor::append(CompressedKV& cache, int layer, const float* k, const 
   require(k != nullptr && v != nullptr, "append: null key or value");
   const auto& ld = cache.layer(layer);
   const int64_t H = shape_.n_kv_heads, d = shape_.head_dim;
-  for (size_t s = 0; s < ld.positions.size(); ++s) {
-    const auto& last = ld.window_positions[s].empty() ? ld.positions[s] : ld.window_positions[s];
-    require(position >= 0 && (last.empty() || position > last.back()),
-            "append: position " + std::to_string(position) + " must be >= 0 and follow the layer's last position");
-  }
+  for (size_t s = 0; s < ld.positions.size(); ++s)
+    require(position >= 0 && position > last_position(ld, s),
+            "append: position " + std::to_string(position) + " must be >= 0 and follow the layer's last position " +
+                std::to_string(last_position(ld, s)));
   const TensorView kv_k = TensorView::nhd(k, DType::kF32, 1, H, d);
   const TensorView kv_v = TensorView::nhd(v, DType::kF32, 1, H, d);
   detail::LayerInput in;
@@ -254,12 +258,10 @@ void KVCompressor::append(CompressedKV& cache, int layer, const float* k, const 
 void KVCompressor::attend(const CompressedKV& cache, int layer, const float* q, int32_t position, float* out) const {
   require(cache.valid() && cache.layout().n_layers == shape_.n_layers, "attend: the cache does not fit this compressor");
   const auto& ld = cache.layer(layer);
-  for (size_t s = 0; s < ld.positions.size(); ++s) {
-    const auto& last = ld.window_positions[s].empty() ? ld.positions[s] : ld.window_positions[s];
-    if (!last.empty() && last.back() > position)
+  for (size_t s = 0; s < ld.positions.size(); ++s)
+    if (last_position(ld, s) > position)
       throw Error("attend: query position " + std::to_string(position) + " precedes stored position " +
-                  std::to_string(last.back()) + " of layer " + std::to_string(layer));
-  }
+                  std::to_string(last_position(ld, s)) + " of layer " + std::to_string(layer));
   e8kv::attend(cache, layer, q, out);
 }
 

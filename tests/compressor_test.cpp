@@ -538,6 +538,32 @@ TEST(Compressor, FailedCallsLeaveTheCacheUnchanged) {
   }
 }
 
+// The last stored position is the larger of the coded tokens' and the window's: with only the
+// pinned sinks left in the window (positions 0..3), the coded tokens reach further. A position
+// between them is refused by append, extend and attend (found through the C ABI: accepted before,
+// leaving a cache the container could not write).
+TEST(Compressor, PositionsMustFollowTheLastCodedTokenToo) {
+  auto spec = default_spec(127);
+  spec.tokens = 68;
+  spec.n_layers = 1;
+  Fixture f(spec);
+  KVCompressor c(f.shape, Config::preset("quant-k3v2"));
+  auto cache = c.compress(f.seq, &f.queries);
+  ASSERT_EQ(cache.window_tokens(0), 4) << "the window holds the sinks only";
+  const auto before = entropy::serialize(cache);
+  const int H = spec.n_kv_heads, d = spec.head_dim;
+  EXPECT_THROW(c.append(cache, 0, &f.data.keys[0][0], &f.data.values[0][0], 10), Error);
+  SequenceKV late = f.seq;
+  late.first_position = 10;
+  EXPECT_THROW(c.extend(cache, late, &f.queries), Error);
+  std::vector<float> out(static_cast<size_t>(spec.n_q_heads) * d);
+  EXPECT_THROW(c.attend(cache, 0, f.query(0, 0), 10, out.data()), Error);
+  EXPECT_EQ(entropy::serialize(cache), before);
+  c.append(cache, 0, &f.data.keys[0][0], &f.data.values[0][0], 68);
+  EXPECT_NO_THROW(entropy::serialize(cache));
+  (void)H;
+}
+
 // Resident memory is what bytes() counts: right after compress, for every preset, the heap the
 // cache holds is within 5 % of bytes(). Appends keep spare capacity of at most a sixteenth of the
 // coded buffers plus one flush block of window rows per head (the window fills up to its flush).

@@ -19,6 +19,7 @@
 #include <type_traits>
 
 #include "attention/attend_kernels.hpp"
+#include "detail/finite.hpp"
 #include "e8kv/numeric/fp.hpp"
 #include "e8kv/codebook/host_decode.hpp"
 #include "e8kv/error.hpp"
@@ -267,41 +268,59 @@ void fill_cos_sin(const LayerPlan& p, const int32_t* positions, int64_t m, Scrat
   }
 }
 
-/// Keys of tokens [t0, t0 + m) of (layer, head) decoded into float rows: in the engine's basis
-/// (pre-RoPE codes: everything decompress_head does) or, for codes without a register decoder,
-/// in the rotated basis at unit scale without the gain.
-void decode_keys_ahead(const LayerPlan& p, int h, int64_t t0, int64_t m, float* rows) {
+/// Keys of tokens [t0, t0 + m) of (layer, head) decoded into float rows: for pre-RoPE codes in
+/// the engine's basis (block codes times gain, the inverse rotation for the whole tile at once,
+/// S⁻¹ and the mean, then RoPE from the tile's cos/sin rows `cs`: what decompress_head gives, to
+/// rounding); for codes without a register decoder, in the rotated basis at unit scale without
+/// the gain.
+void decode_keys_ahead(const LayerPlan& p, int h, int64_t t0, int64_t m, const float* cs, float* rows) {
   const auto& cache = *p.cache;
   const auto& codecs = cache.codecs();
   const auto& hd = cache.layer(p.layer).heads[static_cast<size_t>(h)];
   const size_t cb = p.key_code_bytes;
   const int d = p.d;
-  if (p.frame != KeyFrame::kPreRope) {
-    quant::dispatch_block_code(p.key_codec, [&](auto code) {
-      using Code = decltype(code);
-      constexpr int kBytes = Code::kIndexBits / 8;
-      for (int64_t t = 0; t < m; ++t)
-        for (int j = 0; j < d / 8; ++j)
-          Code::decode(attention::kernels::load_index(&hd.key_codes[static_cast<size_t>(t0 + t) * cb + j * kBytes], kBytes),
-                       rows + t * d + 8 * j);
-      return 0;
-    });
-    return;
-  }
+  const bool pre = p.frame == KeyFrame::kPreRope;
   const auto gain = hd.key_gains_reader();
-  const auto& pos = cache.positions(p.layer, h);
-  std::vector<float> inv_scale(static_cast<size_t>(d), 1.f), mu(static_cast<size_t>(d));
-  for (int i = 0; i < d && !hd.key_channel_scale.empty(); ++i)
-    inv_scale[static_cast<size_t>(i)] = 1.0f / fp16_bits_to_float(hd.key_channel_scale[static_cast<size_t>(i)]);
+  quant::dispatch_block_code(p.key_codec, [&](auto code) {
+    using Code = decltype(code);
+    constexpr int kBytes = Code::kIndexBits / 8;
+    const auto tables = codebook::host_decode::tables();
+    for (int64_t t = 0; t < m; ++t) {
+      const uint8_t* c = &hd.key_codes[static_cast<size_t>(t0 + t) * cb];
+      const float g = pre ? gain(static_cast<size_t>(t0 + t)) : 1.f;
+      for (int j = 0; j < d / 8; ++j) {
+        const uint32_t index = attention::kernels::load_index(c + j * kBytes, kBytes);
+        float* y = rows + t * d + 8 * j;
+        if constexpr (codebook::host_decode::kHasTableDecode<Code>) {
+          codebook::host_decode::decode_scaled_block<Code>(tables, index, g, y);
+        } else {
+          Code::decode(index, y);
+          for (int i = 0; i < 8; ++i) y[i] *= g;
+        }
+      }
+    }
+    return 0;
+  });
+  if (!pre) return;
+  codecs.rotation(p.layer, h, KvKind::kKey).inverse_batch(rows, rows, static_cast<size_t>(m), static_cast<size_t>(d));
+  float inv_scale[512], mu[512];
+  for (int i = 0; i < d; ++i) {
+    inv_scale[i] = hd.key_channel_scale.empty() ? 1.f : 1.0f / fp16_bits_to_float(hd.key_channel_scale[static_cast<size_t>(i)]);
+    mu[i] = hd.key_mean.empty() ? 0.f : fp16_bits_to_float(hd.key_mean[static_cast<size_t>(i)]);
+  }
+  const auto layout = codecs.rope().params().layout;
+  const int rotary = 2 * p.pairs, P = p.P;
   for (int64_t t = 0; t < m; ++t) {
-    const size_t tt = static_cast<size_t>(t0 + t);
     float* k = rows + t * d;
-    codecs.decode_key_with_gain(p.layer, h, &hd.key_codes[tt * cb], gain(tt), pos[tt], k);
-    for (int i = 0; i < d; ++i) k[i] *= inv_scale[static_cast<size_t>(i)];
-    if (!hd.key_mean.empty()) {
-      fp16_bits_to_floats(hd.key_mean.data(), mu.data(), mu.size());
-      codecs.apply_rope_fast(mu.data(), pos[tt]);
-      for (int i = 0; i < d; ++i) k[i] += mu[static_cast<size_t>(i)];
+    for (int i = 0; i < d; ++i) k[i] = k[i] * inv_scale[i] + mu[i];  // pre-RoPE frame: S⁻¹·(...) + μ
+    const float* c = cs + static_cast<size_t>(t) * 2 * P;
+    const float* sn = c + P;
+    for (int pr = 0; pr < p.pairs; ++pr) {
+      int a = 0, b = 0;
+      transform::rope_pair_indices(layout, rotary, pr, a, b);
+      const float x = k[a], y = k[b];
+      k[a] = x * c[pr] - y * sn[pr];
+      k[b] = x * sn[pr] + y * c[pr];
     }
   }
 }
@@ -384,7 +403,7 @@ void run_chunk_body(ResolvedRequest& r, int64_t chunk, Scratch& s) {
       const int h_end = sets == 1 ? H : static_cast<int>(set) + 1;
       const int64_t set_count = std::min<int64_t>(count[static_cast<size_t>(h_begin)] - s0, kSubTile);
       if (set_count <= 0) continue;
-      if (!window && p.residual_mean)
+      if (!window && (p.residual_mean || p.frame == KeyFrame::kPreRope))
         fill_cos_sin(p, ld.positions[set].data() + t_begin + s0, set_count, s);
       for (int h = h_begin; h < h_end; ++h) {
         const int64_t m = std::min<int64_t>(count[static_cast<size_t>(h)] - s0, kSubTile);
@@ -396,7 +415,7 @@ void run_chunk_body(ResolvedRequest& r, int64_t chunk, Scratch& s) {
           rows = reinterpret_cast<const uint8_t*>(hd.window_keys.data() + static_cast<size_t>(t_begin + s0) * d);
           stride = static_cast<size_t>(d) * 2;
         } else if (key_ahead) {
-          decode_keys_ahead(p, h, t_begin + s0, m, s.rows.data());
+          decode_keys_ahead(p, h, t_begin + s0, m, s.cs.data(), s.rows.data());
           rows = reinterpret_cast<const uint8_t*>(s.rows.data());
           stride = static_cast<size_t>(d) * 4;
         } else {
@@ -567,18 +586,12 @@ void finish_request(ResolvedRequest& r) {
 }
 
 void check_query(const float* q, size_t n, int n_q_heads, int d) {
-  uint32_t special = 0;
-  for (size_t i = 0; i < n; ++i) {
-    uint32_t b;
-    std::memcpy(&b, &q[i], 4);
-    special |= static_cast<uint32_t>((b & 0x7f800000u) == 0x7f800000u);
-  }
-  if (special == 0) return;
-  for (size_t i = 0; i < n; ++i)
-    if (!std::isfinite(q[i]))
-      throw Error("attend: non-finite query value at token " + std::to_string(i / (static_cast<size_t>(n_q_heads) * d)) +
-                  ", query head " + std::to_string(i / d % n_q_heads) + ", element " + std::to_string(i % d));
+  const size_t i = detail::first_non_finite(q, n);
+  if (i < n)
+    throw Error("attend: non-finite query value at token " + std::to_string(i / (static_cast<size_t>(n_q_heads) * d)) +
+                ", query head " + std::to_string(i / d % n_q_heads) + ", element " + std::to_string(i % d));
 }
+
 
 }  // namespace
 

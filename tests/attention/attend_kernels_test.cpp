@@ -113,13 +113,13 @@ TEST(AttendKernels, DotRowsMatchTheScalarDefinitionInBothBuilds) {
           std::vector<uint16_t> h(f.size());
           for (size_t i = 0; i < f.size(); ++i) h[i] = float_to_fp16_bits(f[i]);
           bytes.resize(h.size() * 2);
-          std::memcpy(bytes.data(), h.data(), bytes.size());
+          if (!h.empty()) std::memcpy(bytes.data(), h.data(), bytes.size());
           for (uint16_t b : h) rows.push_back(fp16_bits_to_float(b));
           stride = static_cast<size_t>(d) * 2;
         } else {
           rows = randn(static_cast<size_t>(n) * d, seed + 1);
           bytes.resize(rows.size() * 4);
-          std::memcpy(bytes.data(), rows.data(), bytes.size());
+          if (!rows.empty()) std::memcpy(bytes.data(), rows.data(), bytes.size());
           stride = static_cast<size_t>(d) * 4;
         }
         const auto portable = run_dots<KernelsPortable>(kind, bytes, stride, blocks, q, ng, n);

@@ -538,7 +538,7 @@ void check_encode_vector(uint64_t seed) {
   auto rng = e8kv::test::seeded_rng(seed);
   std::normal_distribution<float> g(0.f, 1.f);
   const int bytes = Code::kIndexBits / 8;
-  for (int d : {8, 24, 128, 136, 264, 1024}) {
+  for (int d : {8, 24, 128, 136, 264, 512}) {  // d <= quant::kMaxCodecHeadDim
     for (int n = 0; n < 12; ++n) {
       std::vector<float> x(static_cast<size_t>(d));
       const float spread = n % 3 == 0 ? 1e-3f : n % 3 == 1 ? 1.f : 500.f;
@@ -561,19 +561,6 @@ void check_encode_vector(uint64_t seed) {
 }
 
 }  // namespace
-
-TEST(EncodeVector, PairwiseSumStreamsTheInPlaceTree) {
-  auto rng = e8kv::test::seeded_rng(5);
-  std::normal_distribution<double> g(0.0, 1.0);
-  std::uniform_int_distribution<int> exponent(-30, 30);
-  for (int n = 0; n <= 100; ++n) {
-    std::vector<double> v(static_cast<size_t>(n));
-    for (double& x : v) x = std::ldexp(g(rng), exponent(rng));  // wide range: the order matters
-    e8kv::quant::detail::PairwiseSum s;
-    for (double x : v) s.push(x);
-    ASSERT_EQ(s.total(), in_place_pairwise_sum(v)) << n;
-  }
-}
 
 TEST(EncodeVector, EqualsTheBlockByBlockDefinition) {
   check_encode_vector<E8P>(61);

@@ -34,7 +34,8 @@
 #include "e8kv/platform.hpp"
 #include "e8kv/numeric/fp.hpp"
 #include "e8kv/numeric/half.hpp"
-#include "e8kv/quant/vector_quantizer.hpp"
+#include "e8kv/codebook/host_decode.hpp"
+#include "e8kv/quant/codec_basics.hpp"
 #include "e8kv/transform/hadamard.hpp"
 #include "e8kv/transform/rope.hpp"
 
@@ -250,6 +251,46 @@ template <class Code>
 E8KV_HD inline void encode_rotated_vector(const float* x, int d, float scale, GainPolicy policy, uint8_t* codes,
                                           uint16_t* gain_bits) {
   *gain_bits = float_to_fp16_bits(encode_rotated_vector_gain<Code>(x, d, scale, policy, codes));
+}
+
+/// encode_rotated_vector under its short name (rate-distortion benches, VectorQuantizer).
+/// d must be a multiple of 8 and at most kMaxCodecHeadDim (the scratch of the per-vector
+/// functions lives on the stack); the host throws otherwise.
+template <class Code>
+E8KV_HD inline void encode_vector(const float* x, int d, float scale, GainPolicy policy, uint8_t* codes,
+                                  uint16_t* gain_bits) {
+#if !E8KV_ON_DEVICE
+  if (d <= 0 || d % 8 != 0 || d > kMaxCodecHeadDim)
+    throw Error("quant::encode_vector: d must be a positive multiple of 8 up to " + std::to_string(kMaxCodecHeadDim) +
+                ", got " + std::to_string(d));
+#endif
+  encode_rotated_vector<Code>(x, d, scale, policy, codes, gain_bits);
+}
+
+/// Decodes one vector (in the rotated basis) into y[0..d), given its gain as a float.
+template <class Code>
+E8KV_HD inline void decode_vector_with_gain(const uint8_t* codes, float gain, int d, float* y) {
+  constexpr int kBytes = Code::kIndexBits / 8;
+#if !E8KV_ON_DEVICE
+  if constexpr (codebook::host_decode::kPreferTableDecode<Code>) {
+    const auto tables = codebook::host_decode::tables();
+    for (int j = 0; j < d / 8; ++j)
+      codebook::host_decode::decode_scaled_block<Code>(tables, detail::load_index(codes + j * kBytes, kBytes), gain,
+                                                       y + 8 * j);
+    return;
+  }
+#endif
+  for (int j = 0; j < d / 8; ++j) {
+    float q[8];
+    Code::decode(detail::load_index(codes + j * kBytes, kBytes), q);
+    for (int i = 0; i < 8; ++i) y[8 * j + i] = gain * q[i];
+  }
+}
+
+/// Decodes one vector (in the rotated basis) into y[0..d); the gain is stored as fp16 bits.
+template <class Code>
+E8KV_HD inline void decode_vector(const uint8_t* codes, uint16_t gain_bits, int d, float* y) {
+  decode_vector_with_gain<Code>(codes, fp16_bits_to_float(gain_bits), d, y);
 }
 
 /// Decodes one 8-block: gain·decode(index), the product unfused (the same float on every device).
