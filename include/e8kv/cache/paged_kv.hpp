@@ -43,9 +43,6 @@ PagedLayout paged_layout_for(const CacheCodecs& codecs, int layer, int page_toke
 /// hadamard_sign_words(head_dim) words each.
 std::vector<uint32_t> packed_sign_bits(const CacheCodecs& codecs, int layer);
 
-/// Rows of rope_delta_table: offsets Δ = position − 1024·U from a tile's reference upper part U.
-inline constexpr int kRopeDeltaRows = 2048;
-
 /// The cos/sin table decode attention uses for the mean term of RoPE-residual keys
 /// (cuda/paged_kv.cuh, LayerCodecParams::rope_delta_table): for Δ in [0, kRopeDeltaRows) and
 /// every rotary pair p, (cos, sin) of Δ·θ_p split into a tf32 high part and the float remainder:

@@ -70,6 +70,10 @@ struct PagedLayout {
   }
 };
 
+/// Rows of rope_delta_table (cache/paged_kv.hpp): offsets Δ = position − 1024·U of a coded token
+/// from the reference upper part U of the decode-attention pass that scores it.
+inline constexpr int kRopeDeltaRows = 2048;
+
 /// The layout for the given shape. key/value_index_bits: bits per 8-element block index (16, 24
 /// or 32), or 0 for the fp16 codec; gain_bits: 16 (fp16 gains) or 8 (8-bit codes, CacheLayout::
 /// gain_bits). Returns a layout with page_bytes == 0 when an argument is out of range

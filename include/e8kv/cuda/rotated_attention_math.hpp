@@ -65,15 +65,25 @@ E8KV_HD E8KV_FORCE_INLINE float round_tf32(float x) {
 #endif
 }
 
-/// x = hi + lo with hi = round_tf32(x) and lo the exact float remainder (|lo| <= 2^-11·|x|); the
-/// tensor cores read lo truncated to tf32, so hi·b + lo·b carries ~21 bits of x.
+/// x ≈ hi + lo, both valid tf32 values (hi = round_tf32(x), lo = round_tf32(x − hi)): every
+/// operand a tensor core reads is then exactly what it holds (PTX leaves the reading of an f32
+/// with non-zero low mantissa bits to the implementation), and hi + lo carries ~22 bits of x:
+/// |x − hi − lo| <= 2^-22·|x|.
 E8KV_HD E8KV_FORCE_INLINE void split_tf32(float x, float& hi, float& lo) {
   hi = round_tf32(x);
-  lo = x - hi;
+  lo = round_tf32(x - hi);
 }
 
-/// What a tensor core reads of a float operand of a .tf32 mma: its top 19 bits (host emulation).
-inline float tf32_operand(float x) { return e8kv::detail::bits_float(e8kv::detail::float_bits(x) & 0xffffe000u); }
+/// True when x is a valid tf32 value (its low 13 mantissa bits are zero); the CPU emulation of
+/// mma.sync checks every operand with it.
+inline bool is_tf32(float x) { return (e8kv::detail::float_bits(x) & 0x1fffu) == 0; }
+
+/// Four floats, 16-byte aligned (one vector load): the high and low parts of a lane's two B
+/// fragment registers (b0 hi, b1 hi, b0 lo, b1 lo), or a rope_delta_table entry (cos hi, sin hi,
+/// cos lo, sin lo).
+struct alignas(16) RotF4 {
+  float x, y, z, w;
+};
 
 // ---- shapes -------------------------------------------------------------------------------------
 
@@ -121,6 +131,39 @@ template <int D>
 E8KV_HD constexpr int rot_value_shift_block(int stile, int row) {
   const int w = 2 * stile + (row >> 3);
   return w < RotShape<D>::kValueBlocksPerLane ? (row & 7) * RotShape<D>::kValueBlocksPerLane + w : -1;
+}
+
+/// The inverse maps, for filling fragments: where element e of a key goes in the score product
+/// (k-step, column), where block j goes in the key-shift product, where element e of a value is
+/// accumulated (m-tile, row).
+template <int D>
+E8KV_HD constexpr void rot_key_slot(int element, int& kstep, int& col) {
+  constexpr int kpl = RotShape<D>::kKeyBlocksPerLane;
+  const int block = element >> 3, r = element & 7;
+  kstep = 4 * (block % kpl) + (r & 3);
+  col = block / kpl + 4 * (r >> 2);
+}
+template <int D>
+E8KV_HD constexpr void rot_key_shift_slot(int block, int& sstep, int& col) {
+  constexpr int kpl = RotShape<D>::kKeyBlocksPerLane;
+  const int s = block % kpl;
+  sstep = s >> 1;
+  col = block / kpl + 4 * (s & 1);
+}
+template <int D>
+E8KV_HD constexpr void rot_value_slot(int element, int& mtile, int& row) {
+  constexpr int vpl = RotShape<D>::kValueBlocksPerLane;
+  const int block = element >> 3, r = element & 7;
+  mtile = 4 * (block % vpl) + (r & 3);
+  row = block / vpl + 8 * (r >> 2);
+}
+
+/// Stores x, split into tf32 high and low parts, as the B operand (K = `col` of the k-step, N =
+/// query head `head`) of k-step `step` of a product whose fragments are laid out
+/// [steps][32 lanes] (the lane holding (k, n) is 4·n + k % 4; b0 is k < 4, b1 k >= 4).
+E8KV_HD E8KV_FORCE_INLINE void rot_store_b(RotF4* frags, int step, int col, int head, float x) {
+  float* e = &frags[step * 32 + 4 * head + (col & 3)].x;
+  split_tf32(x, e[col >> 2], e[2 + (col >> 2)]);
 }
 
 // ---- block decoders (lattice units, no shift, no gain, no input scale) -------------------------
@@ -257,6 +300,25 @@ E8KV_HD E8KV_FORCE_INLINE void rot_mean_coefficients(float qa, float qb, float m
 /// The upper part of a position for the mean term (positions below 0 count as 0).
 E8KV_HD E8KV_FORCE_INLINE uint32_t rot_upper(int32_t position) {
   return position < 0 ? 0u : static_cast<uint32_t>(position) >> 10;
+}
+
+/// cos/sin of 1024·U·θ_pair from the 3-level RoPE table (quant::build_rope_table: level 1 holds
+/// bits 10-19 of a position, level 2 bits 20-30), composed as rope_table_cos_sin composes them.
+E8KV_HD E8KV_FORCE_INLINE void rot_upper_cos_sin(const float* rope_table, int pairs, uint32_t upper, int pair, float& cu,
+                                                 float& su) {
+  const int64_t row = static_cast<int64_t>(pairs) * 2;
+  const float* mid = rope_table + (1024 + static_cast<int64_t>(upper & 1023u)) * row + 2 * pair;
+  const float* high = rope_table + (2048 + static_cast<int64_t>(upper >> 10)) * row + 2 * pair;
+  cu = mid[0] * high[0] - mid[1] * high[1];
+  su = mid[0] * high[1] + mid[1] * high[0];
+}
+
+/// Stores the mean-term coefficients (A, B) of rotary pair `pair` and query head `head`, times
+/// `factor` (the softmax scale in the log2 domain), as the B operand of the mean product: k-step
+/// pair / 4, column pair % 4 (cos: A) and pair % 4 + 4 (sin: B).
+E8KV_HD E8KV_FORCE_INLINE void rot_store_mean(RotF4* bmean, int pair, int head, float A, float B, float factor) {
+  rot_store_b(bmean, pair >> 2, pair & 3, head, A * factor);
+  rot_store_b(bmean, pair >> 2, (pair & 3) + 4, head, B * factor);
 }
 
 }  // namespace e8kv::cuda

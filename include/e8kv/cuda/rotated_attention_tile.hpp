@@ -15,16 +15,11 @@
 
 #include "e8kv/cache/paged_layout.hpp"
 #include "e8kv/cuda/rotated_attention_math.hpp"
+#include "e8kv/cuda/split_plan.hpp"
 #include "e8kv/quant/gain_code.hpp"
 #include "e8kv/quant/kv_vector_codec.hpp"
 
 namespace e8kv::cuda {
-
-/// Four floats, 16-byte aligned (one vector load): a B fragment's high and low parts, or a
-/// rope_delta_table entry.
-struct alignas(16) RotF4 {
-  float x, y, z, w;
-};
 
 /// A compiler barrier for memory accesses: loads of later k-steps are not hoisted above it, which
 /// keeps the registers of in-flight loads (and so the kernel's 128-register budget) in check.
@@ -66,8 +61,10 @@ struct RotTileArgs {
   /// positions spread beyond the delta table is taken in several passes, each with its own U.
   int lo = 0, hi = 0;
   float value_inv_s2 = 1.f;        ///< 1/s2 of a two-stage value code
-  float* wbuf = nullptr;           ///< this warp's [16 tokens][8 heads][4] weights (hi, lo, hi2, lo2)
 };
+
+/// Floats of one warp's weight buffer: [16 tokens][8 heads][4] (p·gain high, low; and / s2 high, low).
+inline constexpr int kRotWeightFloats = kRotTileTokens * kRotQueryHeads * 4;
 
 /// One warp's running state over its tiles: the value accumulators (rotated domain, lattice
 /// units times gain factors) and the online softmax of the lane's two query heads 2·tig, 2·tig+1.
@@ -180,7 +177,7 @@ E8KV_HD E8KV_FORCE_INLINE float rot_gain_factor(const uint8_t* p, int bytes, con
 /// callers mask tokens beyond it), zeros for pairs beyond the rotary ones.
 E8KV_HD E8KV_FORCE_INLINE RotF4 rot_delta_entry(const RotTileArgs& a, uint32_t delta, int pair) {
   if (pair >= a.pairs) return RotF4{0.f, 0.f, 0.f, 0.f};
-  return a.delta_table[static_cast<int64_t>(delta < 2048u ? delta : 2047u) * a.pairs + pair];
+  return a.delta_table[static_cast<int64_t>(delta < static_cast<uint32_t>(kRopeDeltaRows) ? delta : static_cast<uint32_t>(kRopeDeltaRows) - 1u) * a.pairs + pair];
 }
 
 // ---- the tile -------------------------------------------------------------------------------------
@@ -245,7 +242,7 @@ E8KV_HD E8KV_FORCE_INLINE float rot_coord2(const RotBlock<Code>& b, int i) {
 /// (RoPE-residual keys with centring). Tokens outside [a.lo, a.hi) and, with the mean term,
 /// tokens whose offset from 1024·U is beyond the delta table are masked (loads clamped to a.end).
 template <class W, int D, class KeyCode, class ValueCode, bool kMean>
-E8KV_HD void rot_tile(W& w, const RotTileArgs& a, int t0, RotWarpState<W::kLanes, D>& st) {
+E8KV_HD void rot_tile(W& w, const RotTileArgs& a, float* wbuf, int t0, RotWarpState<W::kLanes, D>& st) {
   using S = RotShape<D>;
   constexpr int L = W::kLanes;
   constexpr int KB = KeyCode::kIndexBits / 8;
@@ -277,7 +274,7 @@ E8KV_HD void rot_tile(W& w, const RotTileArgs& a, int t0, RotWarpState<W::kLanes
       if constexpr (kMean) {
         const int32_t pos = rot_load<int32_t>(page + PL.position_offset(a.head, slot));
         delta[l][r] = static_cast<uint32_t>(pos < 0 ? 0 : pos) - (a.upper << 10);
-        valid[l][r] = valid[l][r] && delta[l][r] < 2048u;
+        valid[l][r] = valid[l][r] && delta[l][r] < static_cast<uint32_t>(kRopeDeltaRows);
       }
     }
   }
@@ -418,7 +415,7 @@ E8KV_HD void rot_tile(W& w, const RotTileArgs& a, int t0, RotWarpState<W::kLanes
       E8KV_LANE_UNROLL
       for (int r = 0; r < 2; ++r) {
         const float wt = pr[r] * vf[l][r];
-        float* out = a.wbuf + ((grp + 8 * r) * 8 + 2 * tig + gi) * 4;
+        float* out = wbuf + ((grp + 8 * r) * 8 + 2 * tig + gi) * 4;
         split_tf32(wt, out[0], out[1]);
         if constexpr (kRotTwoStage<ValueCode>) split_tf32(wt * a.value_inv_s2, out[2], out[3]);
       }
@@ -441,7 +438,7 @@ E8KV_HD void rot_tile(W& w, const RotTileArgs& a, int t0, RotWarpState<W::kLanes
         int slot = 0;
         const uint8_t* page = rot_token_page(a, t < a.end ? t : a.end - 1, slot);
         rot_load_bytes<VN, rot_slice_align(VN)>(page + PL.value_code_offset(a.head, slot) + grp * VN, vw[l][u]);
-        const float* wb = a.wbuf + (tok * 8 + grp) * 4;
+        const float* wb = wbuf + (tok * 8 + grp) * 4;
         bhi[l][u] = wb[0], blo[l][u] = wb[1];
         if constexpr (kRotTwoStage<ValueCode>) b2hi[l][u] = wb[2], b2lo[l][u] = wb[3];
       }
@@ -509,6 +506,142 @@ E8KV_HD void rot_tile(W& w, const RotTileArgs& a, int t0, RotWarpState<W::kLanes
     }
   }
   w.sync();  // the weights buffer is rewritten by the next tile
+}
+
+
+// ---- one CTA's coded split -------------------------------------------------------------------------
+
+/// Warps of a CTA and the tokens of one super-tile (each warp takes one 16-token tile of it).
+inline constexpr int kRotWarps = 4;
+inline constexpr int kRotSuperTile = kRotWarps * kRotTileTokens;
+
+/// Position of coded token t of the tile's sequence (the head's set).
+E8KV_HD E8KV_FORCE_INLINE int32_t rot_position(const RotTileArgs& a, int t) {
+  int slot = 0;
+  const uint8_t* page = rot_token_page(a, t, slot);
+  return rot_load<int32_t>(page + a.layout.position_offset(a.head, slot));
+}
+
+/// One super-tile: every warp of the CTA scores its 16-token tile.
+template <class Cta, int D, class KeyCode, class ValueCode, bool kMean>
+E8KV_HD E8KV_FORCE_INLINE void rot_super_tile(Cta& cta, const RotTileArgs& t, int st0, int end) {
+  for (int k = 0; k < Cta::kWarps; ++k) {
+    const int t0 = st0 + kRotTileTokens * cta.warp_id(k);
+    if (t0 < end) rot_tile<typename Cta::Warp, D, KeyCode, ValueCode, kMean>(cta.warp(k), t, cta.wbuf(k), t0, cta.state(k));
+  }
+}
+
+/// The coded tokens [begin, end) of one CTA (begin < end), written once for the device and the
+/// CPU emulation. Cta runs the CTA's warps: on the device one (the caller's) per thread, with
+/// __syncthreads; in the emulation all kRotWarps in turn. It provides
+///   kWarps, Warp, warp_id(k), warp(k), state(k), wbuf(k): the warps it runs and their state;
+///   sync(): a CTA barrier (nothing when the warps run in turn);
+///   fill_mean(U): the mean-term coefficients for upper part U into t.bmean (CTA-wide).
+/// Without the mean term the loop is one pass over super-tiles. With it (RoPE-residual keys and
+/// centring) tokens are scored in passes whose positions lie in [1024·U, 1024·U + kRopeDeltaRows),
+/// U the upper part of the pass's first position: the coefficients are formed again when U
+/// changes, i.e. once per 1024 positions of a contiguous sequence; a super-tile whose positions
+/// spread further is taken in several passes over the tokens [lo, hi) that fit. Positions must
+/// not decrease along a sequence (the caches keep them sorted); a token outside its pass's
+/// window would be masked.
+template <class Cta, int D, class KeyCode, class ValueCode>
+E8KV_HD void rot_coded_split(Cta& cta, RotTileArgs& t, int begin, int end, bool mean_on) {
+  t.lo = begin;
+  t.hi = end;
+  if (!mean_on) {
+    cta.sync();  // the prologue's fragments
+    int st0 = begin;
+    do {
+      rot_super_tile<Cta, D, KeyCode, ValueCode, false>(cta, t, st0, end);
+      st0 += kRotSuperTile;
+      // cost-report: per-token loop (scripts/kernel_cost.py finds the loop whose back edge is the next line)
+    } while (st0 < end);
+    return;
+  }
+  uint32_t upper = 0xFFFFFFFFu;
+  int lo = begin, st0 = begin;
+  while (st0 < end) {
+    const uint32_t u = rot_upper(rot_position(t, lo));
+    if (u != upper) {
+      cta.sync();  // every warp is done with the previous coefficients
+      cta.fill_mean(u);
+      upper = u;
+      cta.sync();
+    }
+    t.upper = upper;
+    const int64_t limit = (static_cast<int64_t>(upper) << 10) + kRopeDeltaRows;
+    const int st_end = st0 + kRotSuperTile < end ? st0 + kRotSuperTile : end;
+    if (rot_position(t, st_end - 1) < limit) {
+      // Whole super-tiles from lo, while the next one lies in the same window.
+      t.lo = lo;
+      int next_end = 0;
+      do {
+        rot_super_tile<Cta, D, KeyCode, ValueCode, true>(cta, t, st0, end);
+        st0 += kRotSuperTile;
+        lo = st0;
+        t.lo = lo;
+        if (st0 >= end) break;
+        next_end = st0 + kRotSuperTile < end ? st0 + kRotSuperTile : end;
+        // cost-report: per-token loop (scripts/kernel_cost.py finds the loop whose back edge is the next line)
+      } while (rot_upper(rot_position(t, st0)) == upper && rot_position(t, next_end - 1) < limit);
+    } else {
+      // The first token at or beyond the limit (lo's position is below it): a pass over [lo, hi).
+      int lo_s = lo + 1, hi_s = st_end - 1;
+      while (lo_s < hi_s) {
+        const int mid = (lo_s + hi_s) / 2;
+        if (rot_position(t, mid) >= limit) hi_s = mid; else lo_s = mid + 1;
+      }
+      t.lo = lo;
+      t.hi = lo_s;
+      rot_super_tile<Cta, D, KeyCode, ValueCode, true>(cta, t, st0, end);
+      t.hi = end;
+      lo = lo_s;
+    }
+  }
+}
+
+/// The accumulated output of lane l of a warp (rotated domain, lattice units, not normalized),
+/// E8P shifts included: calls out(head, element, value) for each of the lane's 2·D/8 elements of
+/// its two query heads 2·tig and 2·tig + 1 (heads the chunk does not have are the caller's to
+/// skip).
+template <int L, int D, bool kValueCoded, class Out>
+E8KV_HD E8KV_FORCE_INLINE void rot_lane_outputs(const RotWarpState<L, D>& st, int l, int lane, Out&& out) {
+  const int grp = lane >> 2, tig = lane & 3;
+  E8KV_LANE_UNROLL
+  for (int gi = 0; gi < 2; ++gi)
+    E8KV_LANE_UNROLL
+    for (int mt = 0; mt < RotShape<D>::kValueTiles; ++mt)
+      E8KV_LANE_UNROLL
+      for (int half = 0; half < 2; ++half) {
+        float v = st.o[mt][l][2 * half + gi];
+        if constexpr (kValueCoded) {
+          const int wblk = mt >> 2;  // the lane's value block of this m-tile: its shift's row
+          v += st.os[wblk >> 1][l][2 * (wblk & 1) + gi];
+        }
+        out(2 * tig + gi, rot_value_element<D>(mt, grp + 8 * half), v);
+      }
+}
+
+/// One output element of a CTA from its warps' partial states (m: running maxima, l: sums, o:
+/// accumulated outputs; warps without tokens have m = −inf): o normalized by the CTA's sum and
+/// times `vscale`, and the CTA's lse (log2 domain). A CTA without any scored token gives o = 0
+/// and lse = −inf.
+E8KV_HD inline float rot_merge_warps(const float* m, const float* l, const float* o, float vscale, float& lse) {
+  float mx = -INFINITY;
+  for (int k = 0; k < kRotWarps; ++k) mx = fmaxf(mx, m[k]);
+  float sum_acc = 0.f, sum_l = 0.f;
+  for (int k = 0; k < kRotWarps; ++k) {
+    if (m[k] == -INFINITY) continue;  // a warp without tokens
+    const float wgt = exp2f(m[k] - mx);
+    sum_acc = fmaf(wgt, o[k], sum_acc);
+    sum_l = fmaf(wgt, l[k], sum_l);
+  }
+  if (!(sum_l > 0.f)) {
+    lse = -INFINITY;
+    return 0.f;
+  }
+  lse = partial_lse2(mx, sum_l);
+  return vscale * (sum_acc / sum_l);
 }
 
 }  // namespace e8kv::cuda

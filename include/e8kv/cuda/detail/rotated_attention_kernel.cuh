@@ -25,9 +25,7 @@
 
 namespace e8kv::cuda::detail {
 
-inline constexpr int kRotThreads = 128;
-inline constexpr int kRotWarps = kRotThreads / 32;
-inline constexpr int kRotSuperTile = kRotWarps * kRotTileTokens;
+inline constexpr int kRotThreads = 32 * kRotWarps;
 
 /// The byte tables of the coordinate decoders (rotated_attention_math.hpp), copied to shared
 /// memory by every CTA.
@@ -95,6 +93,13 @@ struct DeviceWarp {
 #pragma unroll
       for (int m = 4; m < 32; m <<= 1) v[0][gi] = fmaxf(v[0][gi], __shfl_xor_sync(kFullMask, v[0][gi], m));
   }
+  /// Sum over the 8 lanes of a column.
+  __device__ __forceinline__ void sum_over_rows(float (&v)[1][2]) const {
+#pragma unroll
+    for (int gi = 0; gi < 2; ++gi)
+#pragma unroll
+      for (int m = 4; m < 32; m <<= 1) v[0][gi] += __shfl_xor_sync(kFullMask, v[0][gi], m);
+  }
   __device__ __forceinline__ void sync() const { __syncwarp(); }
 };
 
@@ -124,7 +129,7 @@ struct RotSmem {
   alignas(16) uint32_t e81b_bytes[std::is_same_v<KeyCode, codebook::Rvq3> || std::is_same_v<ValueCode, codebook::Rvq3> ? 256 * 4 : 4];
   uint32_t mantissas[32];
   float base[kRotQueryHeads];
-  float wbuf[kRotWarps][kRotTileTokens * kRotQueryHeads * 4];
+  float wbuf[kRotWarps][kRotWeightFloats];
 };
 
 /// Dynamic shared memory above 48 KB (head_dim 256); static below.
@@ -146,32 +151,36 @@ __device__ void rot_fill_mean(const RotKernelArgs& a, RotSmem<D, KeyCode, ValueC
                               uint32_t upper) {
   const int pairs = a.rotary_dim / 2;
   const uint16_t* mu = a.means + (static_cast<int64_t>(b) * a.layout.kv_heads + h) * 2 * D;
-  const int64_t row = static_cast<int64_t>(pairs) * 2;
-  const float* mid = a.rope_table + (1024 + (upper & 1023u)) * row;
-  const float* high = a.rope_table + (2048 + (upper >> 10)) * row;
   for (int idx = threadIdx.x; idx < gn * pairs; idx += kRotThreads) {
     const int g = idx / pairs, p = idx % pairs;
     int ia = 0, ib = 0;
     transform::rope_pair_indices(a.rope_layout, a.rotary_dim, p, ia, ib);
     const int64_t qrow = (static_cast<int64_t>(b) * a.q_heads + qh0 + g) * D;
     const float qa = rot_query_element<D>(a.q, a.q_dtype, qrow + ia), qb = rot_query_element<D>(a.q, a.q_dtype, qrow + ib);
-    const float c1 = mid[2 * p], s1 = mid[2 * p + 1], c2 = high[2 * p], s2 = high[2 * p + 1];
-    const float cu = c1 * c2 - s1 * s2, su = c1 * s2 + s1 * c2;
-    float A = 0.f, B = 0.f;
+    float cu = 0.f, su = 0.f, A = 0.f, B = 0.f;
+    rot_upper_cos_sin(a.rope_table, pairs, upper, p, cu, su);
     rot_mean_coefficients(qa, qb, half_bits_to_float(mu[ia]), half_bits_to_float(mu[ib]), cu, su, A, B);
-    RotF4& e = sm.loop.bmean[(p >> 2) * 32 + 4 * g + (p & 3)];
-    split_tf32(A * a.scale_log2, e.x, e.z);
-    split_tf32(B * a.scale_log2, e.y, e.w);
+    rot_store_mean(sm.loop.bmean, p, g, A, B, a.scale_log2);
   }
 }
 
-/// Position of coded token t (the head's set), negative ones as 0.
-__device__ __forceinline__ uint32_t rot_position(const RotTileArgs& t, int token) {
-  int slot = 0;
-  const uint8_t* page = rot_token_page(t, token, slot);
-  const int32_t p = rot_load<int32_t>(page + t.layout.position_offset(t.head, slot));
-  return p < 0 ? 0u : static_cast<uint32_t>(p);
-}
+/// The device's side of rot_coded_split: the calling thread's warp, barriers of the whole CTA.
+template <int D, class KeyCode, class ValueCode>
+struct DeviceCta {
+  using Warp = DeviceWarp;
+  static constexpr int kWarps = 1;
+  const RotKernelArgs* a;
+  RotSmem<D, KeyCode, ValueCode>* sm;
+  int b, h, qh0, gn, warp_index;
+  DeviceWarp* w;
+  RotWarpState<1, D>* st;
+  __device__ __forceinline__ int warp_id(int) const { return warp_index; }
+  __device__ __forceinline__ DeviceWarp& warp(int) { return *w; }
+  __device__ __forceinline__ RotWarpState<1, D>& state(int) { return *st; }
+  __device__ __forceinline__ float* wbuf(int) { return sm->wbuf[warp_index]; }
+  __device__ __forceinline__ void sync() { __syncthreads(); }
+  __device__ __forceinline__ void fill_mean(uint32_t upper) { rot_fill_mean<D, KeyCode, ValueCode>(*a, *sm, b, h, qh0, gn, upper); }
+};
 
 /// The window split: fp16 keys and values in the engine basis, one query head at a time, one
 /// token per warp step (lanes hold D/32 elements). Writes the CTA's partials like the coded splits.
@@ -222,23 +231,20 @@ __device__ void rot_write_partial(const RotKernelArgs& a, RotSmem<D, KeyCode, Va
   float* out = a.partial + (static_cast<int64_t>(b) * a.q_heads + qh0) * g_stride + static_cast<int64_t>(split) * (D + 2);
   for (int idx = threadIdx.x; idx < gn * D; idx += kRotThreads) {
     const int g = idx / D, i = idx % D;
-    float mx = -INFINITY;
-#pragma unroll
-    for (int k = 0; k < kRotWarps; ++k) mx = fmaxf(mx, sm.merge.m[k][g]);
-    float sum_acc = 0.f, sum_l = 0.f;
+    float m[kRotWarps], l[kRotWarps], o[kRotWarps];
 #pragma unroll
     for (int k = 0; k < kRotWarps; ++k) {
-      const float mk = sm.merge.m[k][g];
-      if (mk == -INFINITY) continue;  // a warp without tokens
-      const float wgt = exp2f(mk - mx);
-      sum_acc = fmaf(wgt, sm.merge.o[k][g][i], sum_acc);
-      sum_l = fmaf(wgt, sm.merge.l[k][g], sum_l);
+      m[k] = sm.merge.m[k][g];
+      l[k] = sm.merge.l[k][g];
+      o[k] = sm.merge.o[k][g][i];
     }
-    float* o = out + g * g_stride;
-    o[2 + i] = vscale * (sum_acc / sum_l);
+    float lse = 0.f;
+    const float value = rot_merge_warps(m, l, o, vscale, lse);
+    float* row = out + g * g_stride;
+    row[2 + i] = value;
     if (i == 0) {
-      o[0] = partial_lse2(mx, sum_l);
-      o[1] = 0.f;
+      row[0] = lse;
+      row[1] = 0.f;
     }
   }
 }
@@ -273,7 +279,7 @@ __device__ __forceinline__ void rotated_attention_split(const RotKernelArgs& a, 
     return;
   }
 
-  // ---- prologue: tables, q̃ fragments, block sums, constant term, mean coefficients ----
+  // ---- prologue: tables, q̃ fragments, block sums, constant term ----
   for (int i = threadIdx.x; i < 256 * 4; i += kRotThreads) {
     sm.e8p_bytes[i] = kDeviceRotE8pBytes.w[i / 4][i % 4];
     if constexpr (sizeof(sm.e81b_bytes) == 256 * 16) sm.e81b_bytes[i] = kDeviceRotE81bBytes.w[i / 4][i % 4];
@@ -288,9 +294,11 @@ __device__ __forceinline__ void rotated_attention_split(const RotKernelArgs& a, 
   const float value_ref = gains8 && kValueCoded ? half_bits_to_float(a.gain_refs[bh * 2 + 1]) : 1.f;
   __syncthreads();
   {
+    // q̃ = H·D·S⁻¹·q, one vector per D/8 lanes (lane L holds elements 8L..8L+7), times the
+    // softmax scale, 1/α and the gain reference; its block sums for the E8P shifts.
     constexpr int kLanes = D / 8, kGroups = kRotThreads / kLanes;
     const int lane = threadIdx.x % kLanes, grp = threadIdx.x / kLanes;
-    const uint32_t signs = quant::lane_sign_byte(a.sign_bits + bh * 2 * a.sign_words, lane);
+    const uint32_t signs = quant::lane_sign_byte(a.sign_bits + static_cast<int64_t>(h) * 2 * a.sign_words, lane);
     const bool scaled = a.key_scales != nullptr && a.key_scales[bh * D] != 0;
     const float qf = a.scale_log2 * rot_inverse_input_scale<KeyCode>() * key_ref;
     for (int g = grp; g < ((kRotQueryHeads + kGroups - 1) / kGroups) * kGroups; g += kGroups) {
@@ -310,25 +318,15 @@ __device__ __forceinline__ void rotated_attention_split(const RotKernelArgs& a, 
         for (int r = 0; r < 8; ++r) {
           const float x = v[r] * qf;
           sum += x;
-          // element 8·lane + r -> (k-step, column): block lane = column&3 · KPL + kstep>>2
-          const int kstep = 4 * (lane % S::kKeyBlocksPerLane) + (r & 3);
-          const int col = lane / S::kKeyBlocksPerLane + 4 * (r >> 2);
-          float* e = reinterpret_cast<float*>(&sm.loop.bq[kstep * 32 + 4 * g + (col & 3)]);
-          split_tf32(x, e[col >> 2], e[2 + (col >> 2)]);
-          if constexpr (Smem::kKey2) {
-            float* e2 = reinterpret_cast<float*>(&sm.loop.bq2[kstep * 32 + 4 * g + (col & 3)]);
-            split_tf32(x * rot_inverse_residual_scale<KeyCode>(), e2[col >> 2], e2[2 + (col >> 2)]);
-          }
+          int kstep = 0, col = 0;
+          rot_key_slot<D>(8 * lane + r, kstep, col);
+          rot_store_b(sm.loop.bq, kstep, col, g, x);
+          if constexpr (Smem::kKey2) rot_store_b(sm.loop.bq2, kstep, col, g, x * rot_inverse_residual_scale<KeyCode>());
         }
-        // Block sum for the shift product: block `lane` -> shift step, column.
-        const int s_in = lane % S::kKeyBlocksPerLane;
-        const int col = lane / S::kKeyBlocksPerLane + 4 * (s_in & 1);
-        float* e = reinterpret_cast<float*>(&sm.loop.bshift[(s_in >> 1) * 32 + 4 * g + (col & 3)]);
-        split_tf32(sum, e[col >> 2], e[2 + (col >> 2)]);
-        if constexpr (Smem::kKey2Shift) {
-          float* e2 = reinterpret_cast<float*>(&sm.loop.bshift2[(s_in >> 1) * 32 + 4 * g + (col & 3)]);
-          split_tf32(sum * rot_inverse_residual_scale<KeyCode>(), e2[col >> 2], e2[2 + (col >> 2)]);
-        }
+        int sstep = 0, col = 0;
+        rot_key_shift_slot<D>(lane, sstep, col);
+        rot_store_b(sm.loop.bshift, sstep, col, g, sum);
+        if constexpr (Smem::kKey2Shift) rot_store_b(sm.loop.bshift2, sstep, col, g, sum * rot_inverse_residual_scale<KeyCode>());
       }
     }
   }
@@ -368,102 +366,27 @@ __device__ __forceinline__ void rotated_attention_split(const RotKernelArgs& a, 
   t.delta_table = a.delta_table;
   t.rope_table = a.rope_table;
   t.value_inv_s2 = rot_inverse_residual_scale<ValueCode>();
-  t.wbuf = sm.wbuf[warp];
-
-  t.lo = begin;
-  t.hi = end;
 
   DeviceWarp w;
   w.lane_id = threadIdx.x & 31;
   RotWarpState<1, D> st;
   rot_state_init(st);
-  int st0 = begin;
-  if (!mean_on) {
-    __syncthreads();  // the prologue's buffers
-    do {
-      const int t0 = st0 + kRotTileTokens * warp;
-      if (t0 < end) rot_tile<DeviceWarp, D, KeyCode, ValueCode, false>(w, t, t0, st);
-      st0 += kRotSuperTile;
-      // cost-report: per-token loop (scripts/kernel_cost.py finds the loop whose back edge is the next line)
-    } while (st0 < end);
-  } else {
-    // Runs of super-tiles whose positions lie within the delta table from 1024·U, U the upper
-    // part of the run's first position: the coefficients are formed again between two barriers
-    // when U changes (once per 1024 positions). A super-tile whose positions spread further is
-    // taken in passes over the tokens [lo, hi) that fit, each with its own U.
-    uint32_t upper = 0xFFFFFFFFu;
-    int lo = begin;
-    while (st0 < end) {
-      const uint32_t u = rot_upper(static_cast<int32_t>(rot_position(t, lo)));
-      if (u != upper) {
-        __syncthreads();  // every warp is done with the previous coefficients
-        rot_fill_mean<D, KeyCode, ValueCode>(a, sm, b, h, qh0, gn, u);
-        upper = u;
-      }
-      __syncthreads();
-      t.upper = upper;
-      const uint32_t limit = (upper << 10) + 2048u;
-      const int st_end = min(st0 + kRotSuperTile, end);
-      if (rot_position(t, st_end - 1) < limit) {
-        t.lo = lo;
-        do {
-          const int t0 = st0 + kRotTileTokens * warp;
-          if (t0 < end) rot_tile<DeviceWarp, D, KeyCode, ValueCode, true>(w, t, t0, st);
-          st0 += kRotSuperTile;
-          lo = st0;
-          t.lo = lo;
-          if (st0 >= end) break;
-          const int next_end = min(st0 + kRotSuperTile, end);
-          if (rot_upper(static_cast<int32_t>(rot_position(t, st0))) != upper || rot_position(t, next_end - 1) >= limit)
-            break;
-          // cost-report: per-token loop (scripts/kernel_cost.py finds the loop whose back edge is the next line)
-        } while (true);
-      } else {
-        // The first token at or beyond the limit (positions increase; lo's is below it).
-        int lo_s = lo + 1, hi_s = st_end - 1;
-        while (lo_s < hi_s) {
-          const int mid = (lo_s + hi_s) / 2;
-          if (rot_position(t, mid) >= limit) hi_s = mid; else lo_s = mid + 1;
-        }
-        const int hi = lo_s;
-        t.lo = lo;
-        t.hi = hi;
-        const int t0 = st0 + kRotTileTokens * warp;
-        if (t0 < end) rot_tile<DeviceWarp, D, KeyCode, ValueCode, true>(w, t, t0, st);
-        t.hi = end;
-        lo = hi;
-      }
-    }
-  }
+  DeviceCta<D, KeyCode, ValueCode> cta{&a, &sm, b, h, qh0, gn, warp, &w, &st};
+  rot_coded_split<DeviceCta<D, KeyCode, ValueCode>, D, KeyCode, ValueCode>(cta, t, begin, end, mean_on);
 
   // ---- epilogue: the warp's sums over its rows, then the CTA's merge ----
-  float l[2] = {st.l[0][0], st.l[0][1]};
-#pragma unroll
-  for (int gi = 0; gi < 2; ++gi)
-#pragma unroll
-    for (int m = 4; m < 32; m <<= 1) l[gi] += __shfl_xor_sync(kFullMask, l[gi], m);
+  float l[1][2] = {{st.l[0][0], st.l[0][1]}};
+  w.sum_over_rows(l);
   __syncthreads();  // the loop's buffers become the merge buffers
   const int lane = threadIdx.x & 31, grp = lane >> 2, tig = lane & 3;
+  if (grp == 0) {
 #pragma unroll
-  for (int gi = 0; gi < 2; ++gi) {
-    const int g = 2 * tig + gi;
-    if (grp == 0) {
-      sm.merge.m[warp][g] = st.m[0][gi];
-      sm.merge.l[warp][g] = l[gi];
+    for (int gi = 0; gi < 2; ++gi) {
+      sm.merge.m[warp][2 * tig + gi] = st.m[0][gi];
+      sm.merge.l[warp][2 * tig + gi] = l[0][gi];
     }
-#pragma unroll
-    for (int mt = 0; mt < S::kValueTiles; ++mt)
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int row = grp + 8 * half;
-        const int e = rot_value_element<D>(mt, row);
-        const int slot = 2 * mt + half;  // the lane's value slot: block slot / 8
-        const int wblk = slot >> 3;
-        float v = st.o[mt][0][2 * half + gi];
-        if constexpr (kValueCoded) v += st.os[wblk >> 1][0][2 * (wblk & 1) + gi];
-        sm.merge.o[warp][g][e] = v;
-      }
   }
+  rot_lane_outputs<1, D, kValueCoded>(st, 0, lane, [&](int g, int e, float v) { sm.merge.o[warp][g][e] = v; });
   __syncthreads();
   const float vscale = rot_inverse_input_scale<ValueCode>() * value_ref;
   rot_write_partial<D, KeyCode, ValueCode>(a, sm, b, qh0, gn, split, vscale);
