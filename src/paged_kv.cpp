@@ -85,8 +85,9 @@ std::vector<uint32_t> packed_sign_bits(const CacheCodecs& codecs, int layer) {
 
 std::vector<float> rope_delta_table(const CacheCodecs& codecs) {
   const int pairs = codecs.rope().rotary_dim() / 2;
-  std::vector<float> out(static_cast<size_t>(kRopeDeltaRows) * static_cast<size_t>(pairs) * 4);
   if (pairs == 0) return {};
+  const int slots = codecs.layout().head_dim / 2;  // the kernels' fixed row stride
+  std::vector<float> out(static_cast<size_t>(kRopeDeltaRows) * static_cast<size_t>(slots) * 4, 0.f);
   const float* table = codecs.rope_table().data();  // [3 levels: 1024, 1024, 2048 rows][pairs][cos, sin]
   const size_t row = static_cast<size_t>(pairs) * 2;
   const float* mid1 = table + (1024 + 1) * row;      // e^{i·1024·θ}
@@ -99,7 +100,7 @@ std::vector<float> rope_delta_table(const CacheCodecs& codecs) {
         c = static_cast<float>(c0 * c1 - s0 * s1);
         s = static_cast<float>(c0 * s1 + s0 * c1);
       }
-      float* e = &out[(static_cast<size_t>(delta) * pairs + static_cast<size_t>(p)) * 4];
+      float* e = &out[(static_cast<size_t>(delta) * slots + static_cast<size_t>(p)) * 4];
       cuda::split_tf32(c, e[0], e[2]);
       cuda::split_tf32(s, e[1], e[3]);
     }

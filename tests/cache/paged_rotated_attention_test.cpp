@@ -304,13 +304,18 @@ TEST(RotatedMath, RopeDeltaTableHoldsCosSinOfEveryOffset) {
   const int pairs = codecs.rope().rotary_dim() / 2;
   ASSERT_EQ(pairs, 48);
   const std::vector<float> table = rope_delta_table(codecs);
-  ASSERT_EQ(table.size(), static_cast<size_t>(kRopeDeltaRows) * pairs * 4);
+  const int slots = 64;  // head_dim / 2: the kernels' row stride
+  ASSERT_EQ(table.size(), static_cast<size_t>(kRopeDeltaRows) * slots * 4);
   const float* rope = codecs.rope_table().data();
   double worst = 0;
   for (int delta = 0; delta < kRopeDeltaRows; ++delta)
-    for (int p = 0; p < pairs; ++p) {
-      const float* e = &table[(static_cast<size_t>(delta) * pairs + p) * 4];
+    for (int p = 0; p < slots; ++p) {
+      const float* e = &table[(static_cast<size_t>(delta) * slots + p) * 4];
       for (int k = 0; k < 4; ++k) ASSERT_TRUE(is_tf32(e[k]));
+      if (p >= pairs) {  // beyond the rotary pairs: zeros, the mean product's padding
+        for (int k = 0; k < 4; ++k) ASSERT_EQ(e[k], 0.f) << delta << " " << p;
+        continue;
+      }
       float c0 = 0, s0 = 0;  // the CPU's own cos/sin of this offset
       quant::rope_table_cos_sin(rope, pairs, delta, p, c0, s0);
       worst = std::max({worst, std::fabs(static_cast<double>(e[0]) + e[2] - c0), std::fabs(static_cast<double>(e[1]) + e[3] - s0)});
@@ -587,7 +592,6 @@ std::vector<float> emulate_attention(const PagedLayer& pl, const CacheCodecs& co
       t.bshift2 = bshift2.data();
       t.bmean = bmean.data();
       t.base = base;
-      t.pairs = pairs;
       t.delta_table = reinterpret_cast<const RotF4*>(delta_table.data());
       t.rope_table = codecs.rope_table().data();
       t.value_inv_s2 = inverse_residual_scale<ValueCode>();

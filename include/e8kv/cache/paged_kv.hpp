@@ -45,10 +45,11 @@ std::vector<uint32_t> packed_sign_bits(const CacheCodecs& codecs, int layer);
 
 /// The cos/sin table decode attention uses for the mean term of RoPE-residual keys
 /// (cuda/paged_kv.cuh, LayerCodecParams::rope_delta_table): for Δ in [0, kRopeDeltaRows) and
-/// every rotary pair p, (cos, sin) of Δ·θ_p split into a tf32 high part and the float remainder:
-/// [Δ][pair][cos hi, sin hi, cos lo, sin lo] floats. Rows below 1024 are the low level of
-/// CacheCodecs::rope_table() (the CPU's own factors); rows from 1024 compose it with the middle
-/// level's first row in double. Empty when the cache has no rotary pairs.
+/// every pair slot p < head_dim/2, (cos, sin) of Δ·θ_p split into tf32 high and low parts:
+/// [Δ][head_dim/2][cos hi, sin hi, cos lo, sin lo] floats, zeros for p at or beyond the rotary
+/// pairs (a fixed row stride, no bounds test in the kernel). Rows below 1024 are the low level
+/// of CacheCodecs::rope_table() (the CPU's own factors); rows from 1024 compose it with the
+/// middle level's first row in double. Empty when the cache has no rotary pairs.
 std::vector<float> rope_delta_table(const CacheCodecs& codecs);
 
 struct PagedOptions {

@@ -53,8 +53,7 @@ struct RotTileArgs {
   const RotF4* bshift2 = nullptr;  ///< block sums of q̃ / s2 (Rvq4 keys)
   const RotF4* bmean = nullptr;    ///< [mean steps][32]: (A, B) high parts, then low parts
   const float* base = nullptr;     ///< [8] constant score term per query head
-  int pairs = 0;                   ///< rotary pairs (the mean product has D/8 k-steps: pairs < D/2 leave zeros)
-  const RotF4* delta_table = nullptr;  ///< rope_delta_table: [kRopeDeltaRows][pairs]
+  const RotF4* delta_table = nullptr;  ///< rope_delta_table: [kRopeDeltaRows][D/2] (zeros beyond the rotary pairs)
   const float* rope_table = nullptr;   ///< the 3-level table (offsets beyond the delta table)
   uint32_t upper = 0;              ///< U of the current coefficients
   /// Tokens [lo, hi) of the sequence are scored by this pass (others masked): a super-tile whose
@@ -173,11 +172,13 @@ E8KV_HD E8KV_FORCE_INLINE float rot_gain_factor(const uint8_t* p, int bytes, con
 
 // ---- cos/sin of the mean term ---------------------------------------------------------------------
 
-/// (cos hi, sin hi, cos lo, sin lo) of Δ·θ_pair from rope_delta_table (Δ < kRopeDeltaRows: the
-/// callers mask tokens beyond it), zeros for pairs beyond the rotary ones.
-E8KV_HD E8KV_FORCE_INLINE RotF4 rot_delta_entry(const RotTileArgs& a, uint32_t delta, int pair) {
-  if (pair >= a.pairs) return RotF4{0.f, 0.f, 0.f, 0.f};
-  return a.delta_table[static_cast<int64_t>(delta < static_cast<uint32_t>(kRopeDeltaRows) ? delta : static_cast<uint32_t>(kRopeDeltaRows) - 1u) * a.pairs + pair];
+/// The rope_delta_table row of offset Δ (rows beyond the table are clamped: the callers mask
+/// their tokens): entry p holds (cos hi, sin hi, cos lo, sin lo) of Δ·θ_p, zeros beyond the
+/// rotary pairs.
+template <int D>
+E8KV_HD E8KV_FORCE_INLINE const RotF4* rot_delta_row(const RotTileArgs& a, uint32_t delta) {
+  constexpr uint32_t kLast = static_cast<uint32_t>(kRopeDeltaRows) - 1u;
+  return a.delta_table + static_cast<int64_t>(delta < kLast ? delta : kLast) * (D / 2);
 }
 
 // ---- the tile -------------------------------------------------------------------------------------
@@ -358,14 +359,18 @@ E8KV_HD void rot_tile(W& w, const RotTileArgs& a, float* wbuf, int t0, RotWarpSt
     E8KV_LANE_UNROLL
     for (int r = 0; r < 4; ++r) mean[l][r] = 0.f;
   if constexpr (kMean) {
+    // The lane's entries (pair tig of each k-step) of its two tokens' table rows.
+    const RotF4* drow[L][2];
+    for (int l = 0; l < L; ++l)
+      E8KV_LANE_UNROLL
+      for (int r = 0; r < 2; ++r) drow[l][r] = rot_delta_row<D>(a, delta[l][r]) + (w.lane(l) & 3);
     E8KV_LANE_UNROLL
-    for (int ms = 0; ms < S::kBlocks; ++ms) {  // pairs 4·ms .. 4·ms + 3 (none beyond a.pairs: zeros)
-      if (ms % 4 == 0) rot_fence();
+    for (int ms = 0; ms < S::kBlocks; ++ms) {  // pairs 4·ms .. 4·ms + 3 (zeros beyond the rotary ones)
+      rot_fence();
       float ahi[L][4], alo[L][4], bhi[L][2], blo[L][2];
       for (int l = 0; l < L; ++l) {
-        const int lane = w.lane(l), tig = lane & 3;
-        const RotF4 e0 = rot_delta_entry(a, delta[l][0], 4 * ms + tig);
-        const RotF4 e1 = rot_delta_entry(a, delta[l][1], 4 * ms + tig);
+        const int lane = w.lane(l);
+        const RotF4 e0 = drow[l][0][4 * ms], e1 = drow[l][1][4 * ms];
         ahi[l][0] = e0.x, ahi[l][1] = e1.x, ahi[l][2] = e0.y, ahi[l][3] = e1.y;
         alo[l][0] = e0.z, alo[l][1] = e1.z, alo[l][2] = e0.w, alo[l][3] = e1.w;
         const RotF4 b = a.bmean[ms * 32 + lane];
@@ -558,9 +563,13 @@ E8KV_HD void rot_coded_split(Cta& cta, RotTileArgs& t, int begin, int end, bool 
     } while (st0 < end);
     return;
   }
+  // One call site of the tile (its code is large). The outer loop sets up a pass (coefficients
+  // of a new U; the end of the tokens that fit when a super-tile spreads beyond the window), the
+  // inner one runs super-tiles while they lie whole in the window of the same U.
   uint32_t upper = 0xFFFFFFFFu;
   int lo = begin, st0 = begin;
-  while (st0 < end) {
+  do {
+    int st_end = st0 + kRotSuperTile < end ? st0 + kRotSuperTile : end;
     const uint32_t u = rot_upper(rot_position(t, lo));
     if (u != upper) {
       cta.sync();  // every warp is done with the previous coefficients
@@ -568,36 +577,33 @@ E8KV_HD void rot_coded_split(Cta& cta, RotTileArgs& t, int begin, int end, bool 
       upper = u;
       cta.sync();
     }
-    t.upper = upper;
     const int64_t limit = (static_cast<int64_t>(upper) << 10) + kRopeDeltaRows;
-    const int st_end = st0 + kRotSuperTile < end ? st0 + kRotSuperTile : end;
-    if (rot_position(t, st_end - 1) < limit) {
-      // Whole super-tiles from lo, while the next one lies in the same window.
-      t.lo = lo;
-      int next_end = 0;
-      do {
-        rot_super_tile<Cta, D, KeyCode, ValueCode, true>(cta, t, st0, end);
-        st0 += kRotSuperTile;
-        lo = st0;
-        t.lo = lo;
-        if (st0 >= end) break;
-        next_end = st0 + kRotSuperTile < end ? st0 + kRotSuperTile : end;
-        // cost-report: per-token loop (scripts/kernel_cost.py finds the loop whose back edge is the next line)
-      } while (rot_upper(rot_position(t, st0)) == upper && rot_position(t, next_end - 1) < limit);
-    } else {
-      // The first token at or beyond the limit (lo's position is below it): a pass over [lo, hi).
+    int hi = end;
+    if (rot_position(t, st_end - 1) >= limit) {
+      // The first token at or beyond the limit (lo's position is below it).
       int lo_s = lo + 1, hi_s = st_end - 1;
       while (lo_s < hi_s) {
         const int mid = (lo_s + hi_s) / 2;
         if (rot_position(t, mid) >= limit) hi_s = mid; else lo_s = mid + 1;
       }
-      t.lo = lo;
-      t.hi = lo_s;
-      rot_super_tile<Cta, D, KeyCode, ValueCode, true>(cta, t, st0, end);
-      t.hi = end;
-      lo = lo_s;
+      hi = lo_s;
     }
-  }
+    t.upper = upper;
+    t.hi = hi;
+    do {
+      t.lo = lo;
+      rot_super_tile<Cta, D, KeyCode, ValueCode, true>(cta, t, st0, end);
+      if (hi < st_end) {  // a partial pass: the rest of this super-tile needs another U
+        lo = hi;
+        break;
+      }
+      st0 += kRotSuperTile;
+      lo = st0;
+      if (st0 >= end) break;
+      st_end = st0 + kRotSuperTile < end ? st0 + kRotSuperTile : end;
+      // cost-report: per-token loop (scripts/kernel_cost.py finds the loop whose back edge is the next line)
+    } while (rot_upper(rot_position(t, st0)) == upper && rot_position(t, st_end - 1) < limit);
+  } while (st0 < end);
 }
 
 /// The accumulated output of lane l of a warp (rotated domain, lattice units, not normalized),

@@ -362,7 +362,6 @@ __device__ __forceinline__ void rotated_attention_split(const RotKernelArgs& a, 
   t.bshift2 = sm.loop.bshift2;
   t.bmean = sm.loop.bmean;
   t.base = sm.base;
-  t.pairs = a.rotary_dim / 2;
   t.delta_table = a.delta_table;
   t.rope_table = a.rope_table;
   t.value_inv_s2 = rot_inverse_residual_scale<ValueCode>();
