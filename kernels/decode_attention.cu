@@ -2,15 +2,16 @@
 // the kernel it dispatches to), validation, closed dispatch and the explicit kernel
 // instantiations. Block-coded keys stored as RoPE residuals or post-RoPE go to the tensor-core
 // kernel (detail/rotated_attention_kernel.cuh), one instantiation per head_dim x key codec x
-// value codec; pre-RoPE and fp16 keys to the lane kernel (detail/decode_attention_kernel.cuh),
-// head_dim x key codec with the value codec a uniform run-time branch. The slot query runs once
+// value codec, compiled in kernels/rotated_attention_d*.cu; pre-RoPE and fp16 keys to the lane
+// kernel (detail/decode_attention_kernel.cuh), head_dim x key codec with the value codec a
+// uniform run-time branch. The slot query runs once
 // per device and instantiation (decode_attention_workspace_bytes, called before any graph capture
 // to size the workspace, makes it); launches never synchronize.
 #include <atomic>
 #include <cmath>
 
 #include "e8kv/cuda/detail/decode_attention_kernel.cuh"
-#include "e8kv/cuda/detail/rotated_attention_kernel.cuh"
+#include "e8kv/cuda/detail/rotated_attention_dispatch.cuh"
 #include "e8kv/cuda/paged_kv.cuh"
 
 namespace e8kv::cuda {
@@ -27,93 +28,19 @@ int64_t plan_rows(const DecodeAttentionParams& p) {
          query_chunks(p);
 }
 
-constexpr int kMaxCachedDevices = 64;
+using detail::kMaxCachedDevices;
+using detail::rotated_keys;
 
-/// SMs × CTAs per SM of decode_attention_split_kernel<D, KeyCode> on the current device, queried
-/// once per (device, instantiation) and cached: the occupancy and attribute queries do not
-/// synchronize, and later launches (a CUDA graph capture included) reuse the cached value.
-/// Keys that the tensor-core kernel scores (block codes stored as RoPE residuals or post-RoPE).
-bool rotated_keys(const LayerCodecParams& c) {
-  return c.key_codec != quant::Codec::kFp16 && c.key_frame != transform::KeyFrame::kPreRope;
-}
-
-template <class F>
-auto dispatch_value_code(quant::Codec c, F&& f) {
-  switch (c) {
-    case quant::Codec::kE8P: return f(codebook::E8P{});
-    case quant::Codec::kRvq3: return f(codebook::Rvq3{});
-    case quant::Codec::kRvq4: return f(codebook::Rvq4{});
-    default: return f(RotFp16Values{});
-  }
-}
-
-/// SMs × CTAs per SM of `kernel` (dynamic shared memory `smem`), queried once per device and
-/// cache slot and cached.
-template <class Kernel>
-int cached_slots(std::atomic<int> (&cached)[kMaxCachedDevices], Kernel kernel, int threads, size_t smem) {
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  if (device < kMaxCachedDevices) {
-    const int known = cached[device].load(std::memory_order_relaxed);
-    if (known > 0) return known;
-  }
-  int sms = 0, per_sm = 0;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  const int slots = sms * (per_sm > 0 ? per_sm : 1);
-  if (device < kMaxCachedDevices) cached[device].store(slots, std::memory_order_relaxed);
-  return slots;
-}
-
-template <int D, class KeyCode, class ValueCode>
-int rotated_kernel_slots() {
-  static std::atomic<int> cached[kMaxCachedDevices] = {};
-  if (detail::rot_prepare_kernel<D, KeyCode, ValueCode>() != Status::kSuccess) return 0;
-  return cached_slots(cached, detail::rotated_attention_split_kernel<D, KeyCode, ValueCode>, detail::kRotThreads,
-                      detail::rot_dynamic_smem_bytes<D, KeyCode, ValueCode>());
-}
-
+/// SMs × CTAs per SM of decode_attention_split_kernel<D, KeyCode> (cached per device).
 template <int D, class KeyCode>
 int split_kernel_slots() {
   static std::atomic<int> cached[kMaxCachedDevices] = {};
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  if (device < kMaxCachedDevices) {
-    const int known = cached[device].load(std::memory_order_relaxed);
-    if (known > 0) return known;
-  }
-  int sms = 0, per_sm = 0;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, detail::decode_attention_split_kernel<D, KeyCode>,
-                                                    detail::kAttentionThreads, 0) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  const int slots = sms * (per_sm > 0 ? per_sm : 1);
-  if (device < kMaxCachedDevices) cached[device].store(slots, std::memory_order_relaxed);
-  return slots;
+  return detail::cached_slots(cached, detail::decode_attention_split_kernel<D, KeyCode>, detail::kAttentionThreads, 0);
 }
 
 template <int D>
 int slots_dim(const LayerCodecParams& c) {
-  if (rotated_keys(c))
-    return detail::dispatch_kernel_codec(c.key_codec, [&](auto key) {
-      using K = decltype(key);
-      if constexpr (detail::kIsFp16<K>) {
-        return 0;
-      } else {
-        return dispatch_value_code(c.value_codec, [&](auto value) { return rotated_kernel_slots<D, K, decltype(value)>(); });
-      }
-    });
+  if (rotated_keys(c)) return detail::rotated_slots_dim<D>(c);
   return detail::dispatch_kernel_codec(c.key_codec, [&](auto code) { return split_kernel_slots<D, decltype(code)>(); });
 }
 
@@ -122,21 +49,6 @@ Status launch_dim(quant::Codec key_codec, const detail::AttentionKernelArgs& a, 
                   int batch, int kv_heads, cudaStream_t stream) {
   return detail::dispatch_kernel_codec(key_codec, [&](auto code) {
     return detail::launch_decode_attention<D, decltype(code)>(a, r, batch, kv_heads, stream);
-  });
-}
-
-template <int D>
-Status launch_rotated_dim(const LayerCodecParams& c, const detail::RotKernelArgs& a, const detail::ReduceKernelArgs& r,
-                          int batch, cudaStream_t stream) {
-  return detail::dispatch_kernel_codec(c.key_codec, [&](auto key) {
-    using K = decltype(key);
-    if constexpr (detail::kIsFp16<K>) {
-      return Status::kInvalidArgument;  // not reached: fp16 keys take the lane kernel
-    } else {
-      return dispatch_value_code(c.value_codec, [&](auto value) {
-        return detail::launch_rotated_attention<D, K, decltype(value)>(a, r, batch, c.kv_heads, stream);
-      });
-    }
   });
 }
 
@@ -275,9 +187,9 @@ Status paged_decode_attention(const DecodeAttentionParams& p, void* workspace, s
     a.coded_splits = splits;
     a.partial = static_cast<float*>(workspace);
     switch (c.head_dim) {
-      case 64: return launch_rotated_dim<64>(c, a, r, p.cache.batch, stream);
-      case 128: return launch_rotated_dim<128>(c, a, r, p.cache.batch, stream);
-      case 256: return launch_rotated_dim<256>(c, a, r, p.cache.batch, stream);
+      case 64: return detail::launch_rotated_dim<64>(c, a, r, p.cache.batch, stream);
+      case 128: return detail::launch_rotated_dim<128>(c, a, r, p.cache.batch, stream);
+      case 256: return detail::launch_rotated_dim<256>(c, a, r, p.cache.batch, stream);
       default: return Status::kUnsupportedHeadDim;
     }
   }

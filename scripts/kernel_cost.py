@@ -507,7 +507,14 @@ def read_scenarios():
     return out
 
 
+ROTATED_TILE_TOKENS = 16  # kRotTileTokens: a warp's tile of the tensor-core decode kernel
+
+
 def vectors_per_warp_step(name):
+    """Token-heads (or vectors) one warp handles per trip of its hot path: a 16-token tile for the
+    tensor-core decode kernel, 32 / (D/8) vectors for the D/8-lane kernels."""
+    if name.startswith("rotated_attention_split_kernel<"):
+        return ROTATED_TILE_TOKENS
     m = re.search(r"<(\d+),", name)
     return 32 / (int(m.group(1)) // 8) if m else None
 
@@ -611,7 +618,9 @@ def markdown(report):
                    f"{r['ctas_per_sm']} | {100 * r['occupancy']:.1f} % | {r['limiter']} | {hot} | "
                    f"{fmt(r.get('instr_per_token_head'), 1)} ({fmt(r.get('instr_per_token_head_max'), 1)}) |")
     out += ["", "Real kernels decide G, the value codec, RoPE mode and dtype at run time: their decode loop path is "
-            "the heaviest case (G = 8 and the heaviest value decoder), an upper bound.", ""]
+            "the heaviest case (G = 8 and the heaviest value decoder), an upper bound. smem is static shared memory: "
+            "the head_dim 256 instantiations of rotated_attention_split_kernel take theirs dynamically (52-68 KB, "
+            "not shown; they are register-limited to 2 CTAs/SM anyway).", ""]
     return "\n".join(out)
 
 
