@@ -732,6 +732,7 @@ struct Case {
   int32_t first_position = 0;
   int max_gap = 0;                         ///< > 0: coded positions remapped with gaps up to this
   int chunk = 64;                          ///< coded tokens per split (a multiple of 32)
+  std::vector<int32_t> expect_coded;       ///< coded tokens per sequence, when the case pins them
 };
 
 struct Prepared {
@@ -809,6 +810,9 @@ Outcome run_case(const Case& c, uint64_t seed) {
   opt.spare_pages = 1;
   opt.pool_fill = 0xFF;  // unused slots are garbage: never read into a result
   const PagedLayer pl = to_paged(in, 0, opt);
+  if (!c.expect_coded.empty()) {
+    EXPECT_EQ(pl.table.coded_lens, c.expect_coded) << c.what;
+  }
   const CacheCodecs& codecs = p.caches[0].codecs();
   const CacheLayout& CL = codecs.layout();
   const EmulateFn fn = emulation_for(c.head_dim, CL.key_codec[0], CL.value_codec[0]);
@@ -861,6 +865,7 @@ TEST(RotatedAttention, EdgeSizesGroupsAndHeadDims) {
       c.group = group;
       c.lengths = kEdgeLengths;
       c.residual_length = 3;
+      c.expect_coded = {0, 1, 15, 16, 17, 67, 197};
       const Outcome r = run_case(c, seed + static_cast<uint64_t>(d + group));
       std::printf("  %-28s worst %.2e (tolerance %.0e)\n", c.what.c_str(), r.worst, kEmulationTolerance);
     }
