@@ -1,13 +1,17 @@
 // paged_decode_attention: split planning (cuda/split_plan.hpp, with the device's CTA slots for
-// the kernel it dispatches to), validation, closed dispatch over head_dim x key codec (the value
-// codec is a uniform run-time branch inside the kernel) and the explicit kernel instantiations
-// (include/e8kv/cuda/detail/decode_attention_kernel.cuh). The slot query runs once per device
-// and instantiation (decode_attention_workspace_bytes, called before any graph capture to size
-// the workspace, makes it); launches never synchronize.
+// the kernel it dispatches to), validation, closed dispatch and the explicit kernel
+// instantiations. Block-coded keys stored as RoPE residuals or post-RoPE go to the tensor-core
+// kernel (detail/rotated_attention_kernel.cuh), one instantiation per head_dim x key codec x
+// value codec, compiled in kernels/rotated_attention_d*.cu; pre-RoPE and fp16 keys to the lane
+// kernel (detail/decode_attention_kernel.cuh), head_dim x key codec with the value codec a
+// uniform run-time branch. The slot query runs once
+// per device and instantiation (decode_attention_workspace_bytes, called before any graph capture
+// to size the workspace, makes it); launches never synchronize.
 #include <atomic>
 #include <cmath>
 
 #include "e8kv/cuda/detail/decode_attention_kernel.cuh"
+#include "e8kv/cuda/detail/rotated_attention_dispatch.cuh"
 #include "e8kv/cuda/paged_kv.cuh"
 
 namespace e8kv::cuda {
@@ -24,38 +28,20 @@ int64_t plan_rows(const DecodeAttentionParams& p) {
          query_chunks(p);
 }
 
-constexpr int kMaxCachedDevices = 64;
+using detail::kMaxCachedDevices;
+using detail::rotated_keys;
 
-/// SMs × CTAs per SM of decode_attention_split_kernel<D, KeyCode> on the current device, queried
-/// once per (device, instantiation) and cached: the occupancy and attribute queries do not
-/// synchronize, and later launches (a CUDA graph capture included) reuse the cached value.
+/// SMs × CTAs per SM of decode_attention_split_kernel<D, KeyCode> (cached per device).
 template <int D, class KeyCode>
 int split_kernel_slots() {
   static std::atomic<int> cached[kMaxCachedDevices] = {};
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  if (device < kMaxCachedDevices) {
-    const int known = cached[device].load(std::memory_order_relaxed);
-    if (known > 0) return known;
-  }
-  int sms = 0, per_sm = 0;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, detail::decode_attention_split_kernel<D, KeyCode>,
-                                                    detail::kAttentionThreads, 0) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  const int slots = sms * (per_sm > 0 ? per_sm : 1);
-  if (device < kMaxCachedDevices) cached[device].store(slots, std::memory_order_relaxed);
-  return slots;
+  return detail::cached_slots(cached, detail::decode_attention_split_kernel<D, KeyCode>, detail::kAttentionThreads, 0);
 }
 
 template <int D>
-int slots_dim(quant::Codec key_codec) {
-  return detail::dispatch_kernel_codec(key_codec, [&](auto code) { return split_kernel_slots<D, decltype(code)>(); });
+int slots_dim(const LayerCodecParams& c) {
+  if (rotated_keys(c)) return detail::rotated_slots_dim<D>(c);
+  return detail::dispatch_kernel_codec(c.key_codec, [&](auto code) { return split_kernel_slots<D, decltype(code)>(); });
 }
 
 template <int D>
@@ -97,6 +83,11 @@ Status check_params(const DecodeAttentionParams& p) {
        p.window_token_stride < 0))
     return Status::kInvalidArgument;
   if (!(p.softmax_scale <= 0.f || std::isfinite(p.softmax_scale))) return Status::kInvalidArgument;
+  const bool block_coded = c.key_codec != quant::Codec::kFp16 || c.value_codec != quant::Codec::kFp16;
+  if (v.max_coded_len > 0 && c.gain_bits == 8 && block_coded && v.gain_refs == nullptr) return Status::kInvalidArgument;
+  if (v.max_coded_len > 0 && rotated_keys(c) && c.key_frame == transform::KeyFrame::kRopeResidual && v.means != nullptr &&
+      (c.rope_table == nullptr || c.rope_delta_table == nullptr || !detail::is_aligned(c.rope_delta_table)))
+    return Status::kInvalidArgument;
   return Status::kSuccess;
 }
 
@@ -105,10 +96,11 @@ Status check_params(const DecodeAttentionParams& p) {
 int decode_attention_slots(const DecodeAttentionParams& p) {
   if (p.sm_slots > 0) return p.sm_slots;
   if (!detail::is_kernel_codec(p.codec.key_codec)) return 0;
+  if (!detail::is_kernel_codec(p.codec.value_codec)) return 0;
   switch (p.codec.head_dim) {
-    case 64: return slots_dim<64>(p.codec.key_codec);
-    case 128: return slots_dim<128>(p.codec.key_codec);
-    case 256: return slots_dim<256>(p.codec.key_codec);
+    case 64: return slots_dim<64>(p.codec);
+    case 128: return slots_dim<128>(p.codec);
+    case 256: return slots_dim<256>(p.codec);
     default: return 0;
   }
 }
@@ -143,6 +135,65 @@ Status paged_decode_attention(const DecodeAttentionParams& p, void* workspace, s
   const int chunk = plan.chunk, splits = plan.splits;
   const float scale = p.softmax_scale > 0.f ? p.softmax_scale : 1.0f / std::sqrt(static_cast<float>(c.head_dim));
 
+  detail::ReduceKernelArgs r;
+  r.partial = static_cast<float*>(workspace);
+  r.coded_lens = p.cache.coded_lens;
+  r.window_lens = p.window_lens;
+  r.chunk = chunk;
+  r.coded_splits = splits;
+  r.q_heads = p.q_heads;
+  r.group = p.q_heads / c.kv_heads;
+  r.values_rotated = c.value_codec != quant::Codec::kFp16;
+  r.sign_bits = c.sign_bits;
+  r.sign_words = transform::hadamard_sign_words(c.head_dim);
+  r.out = p.out;
+  r.out_dtype = p.out_dtype;
+  r.means = c.value_codec != quant::Codec::kFp16 ? p.cache.means : nullptr;
+  r.kv_heads = c.kv_heads;
+  r.status = p.status;
+  const float scale_log2 = static_cast<float>(static_cast<double>(scale) * 1.4426950408889634);
+
+  if (rotated_keys(c)) {
+    detail::RotKernelArgs a;
+    a.pool = p.cache.pool;
+    a.layout = p.cache.layout;
+    a.page_indptr = p.cache.page_indptr;
+    a.page_indices = p.cache.page_indices;
+    a.coded_lens = p.cache.coded_lens;
+    rot_page_divider(p.cache.layout.page_tokens > 0 ? p.cache.layout.page_tokens : 1, a.page_magic, a.page_shift);
+    a.window_keys = p.window_keys;
+    a.window_values = p.window_values;
+    a.window_lens = p.window_lens;
+    a.window_seq_stride = p.window_seq_stride;
+    a.window_head_stride = p.window_head_stride;
+    a.window_token_stride = p.window_token_stride;
+    a.q = p.q;
+    a.q_dtype = p.q_dtype;
+    a.q_heads = p.q_heads;
+    a.group = p.q_heads / c.kv_heads;
+    a.q_chunks = query_chunks(p);
+    a.scale_log2 = scale_log2;
+    a.residual = c.key_frame == transform::KeyFrame::kRopeResidual;
+    a.means = p.cache.means;
+    a.key_scales = p.cache.key_scales;
+    a.gain_refs = p.cache.gain_refs;
+    a.rope_table = c.rope_table;
+    a.delta_table = reinterpret_cast<const RotF4*>(c.rope_delta_table);
+    a.rotary_dim = detail::effective_rotary_dim(c);
+    a.rope_layout = c.rope_layout;
+    a.sign_bits = c.sign_bits;
+    a.sign_words = transform::hadamard_sign_words(c.head_dim);
+    a.chunk = chunk;
+    a.coded_splits = splits;
+    a.partial = static_cast<float*>(workspace);
+    switch (c.head_dim) {
+      case 64: return detail::launch_rotated_dim<64>(c, a, r, p.cache.batch, stream);
+      case 128: return detail::launch_rotated_dim<128>(c, a, r, p.cache.batch, stream);
+      case 256: return detail::launch_rotated_dim<256>(c, a, r, p.cache.batch, stream);
+      default: return Status::kUnsupportedHeadDim;
+    }
+  }
+
   detail::AttentionKernelArgs a;
   a.pool = p.cache.pool;
   a.layout = p.cache.layout;
@@ -160,9 +211,8 @@ Status paged_decode_attention(const DecodeAttentionParams& p, void* workspace, s
   a.q_heads = p.q_heads;
   a.group = p.q_heads / c.kv_heads;
   a.q_chunks = query_chunks(p);
-  a.scale_log2 = static_cast<float>(static_cast<double>(scale) * 1.4426950408889634);
+  a.scale_log2 = scale_log2;
   a.value_codec = c.value_codec;
-  a.keys_pre_rope = c.keys_pre_rope;
   a.rope_table = c.rope_table;
   a.rotary_dim = detail::effective_rotary_dim(c);
   a.rope_layout = c.rope_layout;
@@ -172,23 +222,8 @@ Status paged_decode_attention(const DecodeAttentionParams& p, void* workspace, s
   a.coded_splits = splits;
   a.partial = static_cast<float*>(workspace);
   a.means = p.cache.means;
-
-  detail::ReduceKernelArgs r;
-  r.partial = a.partial;
-  r.coded_lens = p.cache.coded_lens;
-  r.window_lens = p.window_lens;
-  r.chunk = chunk;
-  r.coded_splits = splits;
-  r.q_heads = p.q_heads;
-  r.group = a.group;
-  r.values_rotated = c.value_codec != quant::Codec::kFp16;
-  r.sign_bits = c.sign_bits;
-  r.sign_words = a.sign_words;
-  r.out = p.out;
-  r.out_dtype = p.out_dtype;
-  r.means = c.value_codec != quant::Codec::kFp16 ? p.cache.means : nullptr;
-  r.kv_heads = c.kv_heads;
-  r.status = p.status;
+  a.key_scales = p.cache.key_scales;
+  a.gain_refs = p.cache.gain_refs;
 
   switch (c.head_dim) {
     case 64: return launch_dim<64>(c.key_codec, a, r, p.cache.batch, c.kv_heads, stream);

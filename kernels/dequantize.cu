@@ -43,6 +43,9 @@ Status paged_dequantize(const DequantizeParams& p, cudaStream_t stream) {
       p.out_indptr == nullptr)
     return Status::kInvalidArgument;
   E8KV_RETURN_IF_ERROR(detail::check_pool_alignment(v.pool, v.layout, p.status));
+  if (c.gain_bits == 8 && (c.key_codec != quant::Codec::kFp16 || c.value_codec != quant::Codec::kFp16) &&
+      v.gain_refs == nullptr)
+    return Status::kInvalidArgument;
   detail::DequantizeKernelArgs a;
   a.pool = v.pool;
   a.layout = v.layout;
@@ -59,17 +62,18 @@ Status paged_dequantize(const DequantizeParams& p, cudaStream_t stream) {
   a.out_token_stride = p.out_token_stride;
   a.out_head_stride = p.out_head_stride;
   a.means = v.means;
+  a.key_scales = v.key_scales;
+  a.gain_refs = v.gain_refs;
+  a.key_frame = c.key_frame;
   a.max_coded_len = v.max_coded_len;
   a.status = p.status;
   if (p.keys_out != nullptr) {
     a.kind = 0;
-    a.apply_rope = c.keys_pre_rope;
     a.out = p.keys_out;
     E8KV_RETURN_IF_ERROR(launch_dim(c.head_dim, c.key_codec, a, v.batch, v.max_coded_len, stream));
   }
   if (p.values_out != nullptr) {
     a.kind = 1;
-    a.apply_rope = false;
     a.out = p.values_out;
     E8KV_RETURN_IF_ERROR(launch_dim(c.head_dim, c.value_codec, a, v.batch, v.max_coded_len, stream));
   }

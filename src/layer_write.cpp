@@ -63,19 +63,8 @@ std::vector<uint16_t> channel_scales(const CacheCodecs& codecs, const std::vecto
 }
 
 /// The 8-bit gains' reference: the geometric mean of the positive gains among the first n, as
-/// fp16 (kept positive).
-uint16_t gain_reference(const float* gains, size_t n) {
-  double log_sum = 0;
-  int count = 0;
-  for (size_t i = 0; i < n; ++i)
-    if (gains[i] > 0.f) {
-      log_sum += std::log2(static_cast<double>(gains[i]));
-      ++count;
-    }
-  uint16_t ref = float_to_fp16_bits(count > 0 ? static_cast<float>(std::exp2(log_sum / count)) : 1.0f);
-  if (ref == 0) ref = float_to_fp16_bits(6.1e-5f);
-  return ref;
-}
+/// fp16 (kept positive); quant::gain_reference_bits, which the GPU's state estimate runs too.
+uint16_t gain_reference(const float* gains, size_t n) { return quant::gain_reference_bits(gains, static_cast<int>(n)); }
 
 std::vector<float> half_to_float_vector(const std::vector<uint16_t>& h) {
   std::vector<float> f(h.size());

@@ -8,6 +8,7 @@
 #include <numeric>
 #include <string>
 
+#include "e8kv/cuda/rotated_attention_math.hpp"
 #include "e8kv/error.hpp"
 #include "e8kv/numeric/random.hpp"
 
@@ -56,8 +57,10 @@ PagedLayout paged_layout_for(const CacheCodecs& codecs, int layer, int page_toke
   require(layer >= 0 && layer < L.n_layers, "paged_layout_for: layer " + std::to_string(layer) + " out of range");
   require(page_tokens >= 1, "paged_layout_for: page_tokens must be >= 1, got " + std::to_string(page_tokens));
   const quant::Codec kc = L.key_codec[static_cast<size_t>(layer)], vc = L.value_codec[static_cast<size_t>(layer)];
+  require(L.gain_bits == 8 || L.gain_bits == 16,
+          "paged_layout_for: gain_bits must be 8 or 16, got " + std::to_string(L.gain_bits));
   const PagedLayout out = make_paged_layout(page_tokens, L.n_kv_heads, L.head_dim, quant::index_bits(kc),
-                                            quant::index_bits(vc), L.per_head_positions);
+                                            quant::index_bits(vc), L.per_head_positions, L.gain_bits);
   require(out.page_bytes > 0, "paged_layout_for: unsupported shape (head_dim " + std::to_string(L.head_dim) +
                                   ", kv_heads " + std::to_string(L.n_kv_heads) + ")");
   // The layout must agree with the quantizers' own byte counts.
@@ -76,6 +79,30 @@ std::vector<uint32_t> packed_sign_bits(const CacheCodecs& codecs, int layer) {
     for (int kind = 0; kind < 2; ++kind) {
       const auto& rot = codecs.rotation(layer, h, kind);
       std::copy(rot.sign_bits(), rot.sign_bits() + words, out.begin() + (static_cast<size_t>(h) * 2 + kind) * words);
+    }
+  return out;
+}
+
+std::vector<float> rope_delta_table(const CacheCodecs& codecs) {
+  const int pairs = codecs.rope().rotary_dim() / 2;
+  if (pairs == 0) return {};
+  const int slots = codecs.layout().head_dim / 2;  // the kernels' fixed row stride
+  std::vector<float> out(static_cast<size_t>(kRopeDeltaRows) * static_cast<size_t>(slots) * 4, 0.f);
+  const float* table = codecs.rope_table().data();  // [3 levels: 1024, 1024, 2048 rows][pairs][cos, sin]
+  const size_t row = static_cast<size_t>(pairs) * 2;
+  const float* mid1 = table + (1024 + 1) * row;      // e^{i·1024·θ}
+  for (int delta = 0; delta < kRopeDeltaRows; ++delta)
+    for (int p = 0; p < pairs; ++p) {
+      const float* lo = table + static_cast<size_t>(delta & 1023) * row + 2 * p;
+      float c = lo[0], s = lo[1];
+      if (delta >= 1024) {
+        const double c0 = lo[0], s0 = lo[1], c1 = mid1[2 * p], s1 = mid1[2 * p + 1];
+        c = static_cast<float>(c0 * c1 - s0 * s1);
+        s = static_cast<float>(c0 * s1 + s0 * c1);
+      }
+      float* e = &out[(static_cast<size_t>(delta) * slots + static_cast<size_t>(p)) * 4];
+      cuda::split_tf32(c, e[0], e[2]);
+      cuda::split_tf32(s, e[1], e[3]);
     }
   return out;
 }
@@ -101,14 +128,6 @@ PagedLayer to_paged(const std::vector<const CompressedKV*>& batch, int layer, co
   const auto codecs = batch[0]->shared_codecs();
   for (const auto* c : batch)
     require(c->shared_codecs() == codecs, "to_paged: every cache of the batch must share one CacheCodecs");
-  require(codecs->layout().gain_bits == 16,
-          "to_paged: the paged GPU layout stores fp16 gains; this cache has gain_bits = " +
-              std::to_string(codecs->layout().gain_bits) + " (compress with gain_bits=16 for the GPU path)");
-  for (const auto* c : batch)
-    for (const auto& hd : c->layer(layer).heads)
-      require(hd.key_channel_scale.empty(),
-              "to_paged: the cache uses query-weighted keys (key channel scales), which the paged GPU layout "
-              "does not carry yet; compress with qweight=0 (Config::query_weighted_keys = false) for the GPU path");
   const CacheLayout& L = codecs->layout();
   const int H = L.n_kv_heads, d = L.head_dim;
   PagedLayer out;
@@ -140,9 +159,11 @@ PagedLayer to_paged(const std::vector<const CompressedKV*>& batch, int layer, co
         const auto& hd = ld.heads[static_cast<size_t>(h)];
         std::memcpy(page + PL.key_code_offset(h, s), &hd.key_codes[static_cast<size_t>(t) * kcb], kcb);
         std::memcpy(page + PL.value_code_offset(h, s), &hd.value_codes[static_cast<size_t>(t) * vcb], vcb);
-        if (PL.key_gain_bytes) std::memcpy(page + PL.key_gain_offset(h, s), &hd.key_gains[static_cast<size_t>(t)], 2);
-        if (PL.value_gain_bytes)
+        if (PL.key_gain_bytes == 2) std::memcpy(page + PL.key_gain_offset(h, s), &hd.key_gains[static_cast<size_t>(t)], 2);
+        if (PL.key_gain_bytes == 1) page[PL.key_gain_offset(h, s)] = hd.key_gain_codes[static_cast<size_t>(t)];
+        if (PL.value_gain_bytes == 2)
           std::memcpy(page + PL.value_gain_offset(h, s), &hd.value_gains[static_cast<size_t>(t)], 2);
+        if (PL.value_gain_bytes == 1) page[PL.value_gain_offset(h, s)] = hd.value_gain_codes[static_cast<size_t>(t)];
       }
       for (int set = 0; set < PL.position_sets; ++set) {
         const int32_t p = c.positions(layer, set)[static_cast<size_t>(t)];
@@ -161,6 +182,12 @@ PagedLayer to_paged(const std::vector<const CompressedKV*>& batch, int layer, co
   out.window_positions.assign(static_cast<size_t>(B) * PL.position_sets * cap, 0);
   out.window_pinned.assign(static_cast<size_t>(B), 0);
   if (L.center) out.means.assign(static_cast<size_t>(B) * H * 2 * d, 0);
+  const bool weighted = L.query_weighted_keys && PL.key_gain_bytes != 0;
+  if (weighted) out.key_scales.assign(static_cast<size_t>(B) * H * d, 0);
+  const bool gain_codes = PL.key_gain_bytes == 1 || PL.value_gain_bytes == 1;
+  if (gain_codes) out.gain_refs.assign(static_cast<size_t>(B) * H * 2, 0);
+  out.query_energy.resize(static_cast<size_t>(B));
+  out.original_tokens.resize(static_cast<size_t>(B));
   for (int b = 0; b < B; ++b) {
     const CompressedKV& c = *batch[static_cast<size_t>(b)];
     const auto& ld = c.layer(layer);
@@ -178,7 +205,26 @@ PagedLayer to_paged(const std::vector<const CompressedKV*>& batch, int layer, co
         std::copy(hd.key_mean.begin(), hd.key_mean.end(), out.means.begin() + m);
         std::copy(hd.value_mean.begin(), hd.value_mean.end(), out.means.begin() + m + d);
       }
+      if (!hd.key_channel_scale.empty()) {
+        require(weighted && hd.key_channel_scale.size() == static_cast<size_t>(d),
+                "to_paged: key channel scales of a layout that does not weight keys, or of wrong size");
+        for (uint16_t x : hd.key_channel_scale)
+          require((x & 0x7FFFu) != 0, "to_paged: a key channel scale is zero (the paged layout's mark for none)");
+        std::copy(hd.key_channel_scale.begin(), hd.key_channel_scale.end(),
+                  out.key_scales.begin() + (static_cast<size_t>(b) * H + h) * d);
+      }
+      if (gain_codes) {
+        out.gain_refs[(static_cast<size_t>(b) * H + h) * 2] = hd.key_gain_ref;
+        out.gain_refs[(static_cast<size_t>(b) * H + h) * 2 + 1] = hd.value_gain_ref;
+      }
     }
+    for (const auto& e : ld.query_energy) {
+      require(e.size() == static_cast<size_t>(d), "to_paged: pending query energy of wrong size");
+      out.query_energy[static_cast<size_t>(b)].insert(out.query_energy[static_cast<size_t>(b)].end(), e.begin(), e.end());
+    }
+    require(ld.query_energy.empty() || ld.query_energy.size() == static_cast<size_t>(H),
+            "to_paged: pending query energies for a different number of heads");
+    out.original_tokens[static_cast<size_t>(b)] = ld.original_tokens;
     for (int set = 0; set < PL.position_sets; ++set) {
       const auto& wp = c.window_positions(layer, set);
       std::copy(wp.begin(), wp.end(), out.window_positions.begin() + (static_cast<size_t>(b) * PL.position_sets + set) * cap);
@@ -194,10 +240,6 @@ void from_paged(const PagedLayer& paged, int layer, const std::vector<Compressed
               std::to_string(paged.table.batch()));
   require(paged.pool.size() == static_cast<size_t>(paged.table.n_pages) * static_cast<size_t>(PL.page_bytes),
           "from_paged: pool size disagrees with the block table");
-  for (const auto* c : batch)
-    require(c == nullptr || !c->valid() || c->layout().gain_bits == 16,
-            "from_paged: the paged layout holds fp16 gains; the target cache has gain_bits = " +
-                std::to_string(c->layout().gain_bits));
   const int H = PL.kv_heads, d = PL.head_dim;
   const size_t kcb = static_cast<size_t>(PL.key_code_bytes), vcb = static_cast<size_t>(PL.value_code_bytes);
   const size_t cap = static_cast<size_t>(paged.window_capacity);
@@ -206,6 +248,15 @@ void from_paged(const PagedLayer& paged, int layer, const std::vector<Compressed
           "from_paged: window_pinned must be empty or hold one count per sequence");
   require(paged.means.empty() || paged.means.size() == batch.size() * H * 2 * d,
           "from_paged: means must be empty or batch x heads x 2 x head_dim");
+  require(paged.key_scales.empty() || paged.key_scales.size() == batch.size() * H * d,
+          "from_paged: key_scales must be empty or batch x heads x head_dim");
+  require(paged.gain_refs.empty() || paged.gain_refs.size() == batch.size() * H * 2,
+          "from_paged: gain_refs must be empty or batch x heads x 2");
+  require(paged.query_energy.empty() || paged.query_energy.size() == batch.size(),
+          "from_paged: query_energy must be empty or hold one entry per sequence");
+  require(paged.original_tokens.empty() || paged.original_tokens.size() == batch.size(),
+          "from_paged: original_tokens must be empty or hold one count per sequence");
+  const bool gain_codes = PL.key_gain_bytes == 1 || PL.value_gain_bytes == 1;
   require(paged.window_lens.size() == batch.size() && paged.window_positions.size() >= batch.size() * sets * cap &&
               paged.window_keys.size() >= batch.size() * H * cap * d &&
               paged.window_values.size() >= batch.size() * H * cap * d,
@@ -216,6 +267,7 @@ void from_paged(const PagedLayer& paged, int layer, const std::vector<Compressed
     const PagedLayout expect = paged_layout_for(c.codecs(), layer, PL.page_tokens);
     require(expect.page_bytes == PL.page_bytes && expect.key_code_bytes == PL.key_code_bytes &&
                 expect.value_code_bytes == PL.value_code_bytes && expect.kv_heads == H &&
+                expect.key_gain_bytes == PL.key_gain_bytes && expect.value_gain_bytes == PL.value_gain_bytes &&
                 expect.position_sets == PL.position_sets,
             "from_paged: cache " + std::to_string(b) + " was made with different codecs than the paged layer");
     auto& ld = e8kv::detail::CacheStorage::layer(c, layer);
@@ -236,8 +288,18 @@ void from_paged(const PagedLayer& paged, int layer, const std::vector<Compressed
       auto& hd = ld.heads[static_cast<size_t>(h)];
       hd.key_codes.assign(static_cast<size_t>(n) * kcb, 0);
       hd.value_codes.assign(static_cast<size_t>(n) * vcb, 0);
-      hd.key_gains.assign(PL.key_gain_bytes ? static_cast<size_t>(n) : 0, 0);
-      hd.value_gains.assign(PL.value_gain_bytes ? static_cast<size_t>(n) : 0, 0);
+      hd.key_gains.assign(PL.key_gain_bytes == 2 ? static_cast<size_t>(n) : 0, 0);
+      hd.value_gains.assign(PL.value_gain_bytes == 2 ? static_cast<size_t>(n) : 0, 0);
+      hd.key_gain_codes.assign(PL.key_gain_bytes == 1 ? static_cast<size_t>(n) : 0, 0);
+      hd.value_gain_codes.assign(PL.value_gain_bytes == 1 ? static_cast<size_t>(n) : 0, 0);
+      const size_t hrow = b * H + static_cast<size_t>(h);
+      hd.key_gain_ref = gain_codes && !paged.gain_refs.empty() ? paged.gain_refs[hrow * 2] : 0;
+      hd.value_gain_ref = gain_codes && !paged.gain_refs.empty() ? paged.gain_refs[hrow * 2 + 1] : 0;
+      hd.key_channel_scale.clear();
+      if (!paged.key_scales.empty() && n > 0) {
+        const auto sc = paged.key_scales.begin() + static_cast<std::ptrdiff_t>(hrow * d);
+        if (std::any_of(sc, sc + d, [](uint16_t x) { return x != 0; })) hd.key_channel_scale.assign(sc, sc + d);
+      }
       const size_t base = (b * H + static_cast<size_t>(h)) * cap * d;
       hd.window_keys.assign(paged.window_keys.begin() + base, paged.window_keys.begin() + base + nw * d);
       hd.window_values.assign(paged.window_values.begin() + base, paged.window_values.begin() + base + nw * d);
@@ -260,14 +322,25 @@ void from_paged(const PagedLayer& paged, int layer, const std::vector<Compressed
         auto& hd = ld.heads[static_cast<size_t>(h)];
         std::memcpy(&hd.key_codes[static_cast<size_t>(t) * kcb], page + PL.key_code_offset(h, s), kcb);
         std::memcpy(&hd.value_codes[static_cast<size_t>(t) * vcb], page + PL.value_code_offset(h, s), vcb);
-        if (PL.key_gain_bytes) std::memcpy(&hd.key_gains[static_cast<size_t>(t)], page + PL.key_gain_offset(h, s), 2);
-        if (PL.value_gain_bytes)
+        if (PL.key_gain_bytes == 2) std::memcpy(&hd.key_gains[static_cast<size_t>(t)], page + PL.key_gain_offset(h, s), 2);
+        if (PL.key_gain_bytes == 1) hd.key_gain_codes[static_cast<size_t>(t)] = page[PL.key_gain_offset(h, s)];
+        if (PL.value_gain_bytes == 2)
           std::memcpy(&hd.value_gains[static_cast<size_t>(t)], page + PL.value_gain_offset(h, s), 2);
+        if (PL.value_gain_bytes == 1) hd.value_gain_codes[static_cast<size_t>(t)] = page[PL.value_gain_offset(h, s)];
       }
       for (int set = 0; set < PL.position_sets; ++set)
         std::memcpy(&ld.positions[static_cast<size_t>(set)][static_cast<size_t>(t)], page + PL.position_offset(set, s), 4);
     }
-    ld.original_tokens = std::max<int64_t>(ld.original_tokens, n + nw);
+    ld.query_energy.clear();
+    if (!paged.query_energy.empty() && !paged.query_energy[b].empty()) {
+      require(paged.query_energy[b].size() == static_cast<size_t>(H) * d,
+              "from_paged: query_energy of sequence " + std::to_string(b) + " must hold kv_heads x head_dim floats");
+      for (int h = 0; h < H; ++h)
+        ld.query_energy.emplace_back(paged.query_energy[b].begin() + static_cast<std::ptrdiff_t>(h) * d,
+                                     paged.query_energy[b].begin() + static_cast<std::ptrdiff_t>(h + 1) * d);
+    }
+    ld.original_tokens = paged.original_tokens.empty() ? std::max<int64_t>(ld.original_tokens, n + nw)
+                                                       : paged.original_tokens[b];
   }
 }
 

@@ -75,7 +75,7 @@ struct Config {
   /// Bits per stored vector gain: 8 (log-domain code, 1/32-octave steps around a per-head
   /// reference; quant/gain_code.hpp) or 16 (fp16). 8 by default: it saves 0.125 bits per element
   /// at head_dim 64 and left SmolLM2's K3V2 KL unchanged (docs/accuracy.md). The paged GPU
-  /// layout (cache/paged_kv.hpp) needs 16 and query_weighted_keys = false.
+  /// layout (cache/paged_kv.hpp) holds either width.
   int gain_bits = 8;
 
   float softmax_scale = 0.f;  ///< scale of q·k; <= 0 means 1/sqrt(head_dim)

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <set>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "e8kv/compressor.hpp"
+#include "e8kv/entropy/container.hpp"
 #include "e8kv/numeric/half.hpp"
 #include "e8kv/quant/kv_vector_codec.hpp"
 #include "testing/synthetic_kv.hpp"
@@ -390,14 +392,85 @@ TEST(PagedKV, SignBitsAndErrors) {
   Batch k2 = make_batch({40}, "quant-k2v2", false, 0, 614);
   EXPECT_THROW(from_paged(paged, 0, {&k2.caches[0]}), Error);
   EXPECT_THROW(from_paged(paged, 0, {}), Error);
-  // Query-weighted keys are not carried by the paged layout: refused, not dropped.
+  // A key channel scale of 0 would read as "no scales" in the paged layout: refused.
   Batch qw = make_batch({100}, "quant-k3v2", false, 0, 615);
-  e8kv::detail::CacheStorage::layer(qw.caches[0], 0).heads[1].key_channel_scale.assign(64, 0x3C00);  // fp16 1.0
-  try {
-    to_paged({&qw.caches[0]}, 0);
-    ADD_FAILURE() << "to_paged accepted key channel scales";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("query-weighted keys"), std::string::npos) << e.what();
+  auto& qw_head = e8kv::detail::CacheStorage::layer(qw.caches[0], 0).heads[1];
+  qw_head.key_channel_scale.assign(64, 0x3C00);  // fp16 1.0
+  qw_head.key_channel_scale[5] = 0;
+  EXPECT_THROW(to_paged({&qw.caches[0]}, 0), Error);
+}
+
+
+// The library's default Config (RoPE-residual keys, 8-bit gains, query-weighted keys) goes to
+// pages and back without losing a byte: every layer of every cache of a ragged batch is restored
+// by from_paged into fresh caches, and the containers of both are identical.
+TEST(PagedKV, DefaultConfigRoundTripsByteForByte) {
+  const uint64_t seed = 630;
+  std::printf("[seed] %llu\n", static_cast<unsigned long long>(seed));
+  for (const char* preset : {"high", "quant-k2v2", "quant-k4v4"}) {
+    for (bool per_head : {false, true}) {
+      SCOPED_TRACE(std::string(preset) + (per_head ? " per-head" : " shared"));
+      Config cfg = Config::preset(preset);  // gain_bits 8, qweight, residual keys: the defaults
+      ASSERT_EQ(cfg.gain_bits, 8);
+      ASSERT_TRUE(cfg.query_weighted_keys);
+      ASSERT_EQ(cfg.key_frame, KeyFrame::kRopeResidual);
+      cfg.per_head_selection = per_head;
+      cfg.flush_block = 16;
+      cfg.mean_tokens = 16;
+      if (per_head) {
+        cfg.eviction_rate = 0.3;
+        cfg.scorer = select::ScorerKind::kKeyNorm;
+      }
+      const ModelShape shape{2, 2, 8, 64};
+      KVCompressor compressor(shape, cfg);
+      std::vector<synth::SyntheticKV> data;
+      std::vector<CompressedKV> caches;
+      for (int len : {0, 5, 90, 300}) {
+        synth::SyntheticSpec sp;
+        sp.n_layers = shape.n_layers;
+        sp.n_kv_heads = shape.n_kv_heads;
+        sp.n_q_heads = shape.n_q_heads;
+        sp.head_dim = shape.head_dim;
+        sp.tokens = len;
+        sp.obs_window = std::min(8, std::max(len, 1));
+        sp.seed = seed + static_cast<uint64_t>(len);
+        data.push_back(synth::make_synthetic_kv(sp));
+        const auto& d = data.back();
+        SequenceKV seq;
+        std::vector<LayerQueries> queries;
+        for (int l = 0; l < shape.n_layers; ++l) {
+          seq.layers.push_back({TensorView::nhd(d.keys[l].data(), DType::kF32, len, shape.n_kv_heads, shape.head_dim),
+                                TensorView::nhd(d.values[l].data(), DType::kF32, len, shape.n_kv_heads, shape.head_dim)});
+          LayerQueries lq;
+          lq.queries = TensorView::nhd(d.queries[l].data(), DType::kF32, static_cast<int64_t>(d.query_positions.size()),
+                                       shape.n_q_heads, shape.head_dim);
+          lq.positions = d.query_positions.data();
+          queries.push_back(lq);
+        }
+        caches.push_back(compressor.compress(seq, len > 0 ? &queries : nullptr));
+      }
+      ASSERT_FALSE(caches[3].layer(0).heads[0].key_channel_scale.empty()) << "query-weighted keys expected";
+      ASSERT_FALSE(caches[3].layer(0).heads[0].key_gain_codes.empty()) << "8-bit gains expected";
+      std::vector<const CompressedKV*> in;
+      for (const auto& c : caches) in.push_back(&c);
+      std::vector<CompressedKV> fresh;
+      for (const auto& c : caches) fresh.emplace_back(c.shared_codecs());
+      std::vector<CompressedKV*> outs;
+      for (auto& c : fresh) outs.push_back(&c);
+      for (int layer = 0; layer < shape.n_layers; ++layer) {
+        PagedOptions opt;
+        opt.page_tokens = 16;
+        opt.shuffle_seed = seed + static_cast<uint64_t>(layer);
+        const PagedLayer paged = to_paged(in, layer, opt);
+        EXPECT_EQ(paged.layout.key_gain_bytes, 1);
+        EXPECT_EQ(paged.layout.value_gain_bytes, 1);
+        EXPECT_EQ(paged.key_scales.size(), caches.size() * 2 * 64);
+        EXPECT_EQ(paged.gain_refs.size(), caches.size() * 2 * 2);
+        from_paged(paged, layer, outs);
+      }
+      for (size_t b = 0; b < caches.size(); ++b)
+        EXPECT_EQ(entropy::serialize(caches[b]), entropy::serialize(fresh[b])) << "sequence " << b;
+    }
   }
 }
 

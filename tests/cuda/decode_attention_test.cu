@@ -48,9 +48,9 @@ struct PagedSetup {
 };
 
 PagedSetup make_setup(const ModelShape& shape, const Config& cfg, const std::vector<int>& lengths, uint64_t seed, int layer,
-                      int page_tokens = 16, int32_t first_position = 0) {
+                      int page_tokens = 16, int32_t first_position = 0, bool with_queries = false) {
   PagedSetup s;
-  s.ref = make_reference_batch(shape, cfg, lengths, seed, first_position);
+  s.ref = make_reference_batch(shape, cfg, lengths, seed, first_position, with_queries);
   PagedOptions opt;
   opt.page_tokens = page_tokens;
   opt.shuffle_seed = seed;
@@ -246,6 +246,45 @@ TEST(GpuDecodeAttention, RaggedBatchesWithTailsMatchTheCpuReference) {
       const double err = worst_row_error(got, ref, shape.head_dim);
       std::printf("%-10s residual %d center %d split %4d: worst row error %.2e\n", r.preset, r.residual, r.center, split, err);
       EXPECT_LT(err, kAttentionTolF32) << r.preset << " split " << split;
+    }
+  }
+}
+
+// The library's default Config on the GPU: RoPE-residual keys (the mean term q·R_t·μ on tensor
+// cores), 8-bit gains, query-weighted keys (observation queries at compress), every kernel codec
+// as key and value; positions beyond 2^20 cross the delta table's windows. The CPU emulation of
+// the same tile code is tests/cache/paged_rotated_attention_test.
+TEST(GpuDecodeAttention, DefaultConfigResidualKeys) {
+  struct Case {
+    ModelShape shape;
+    const char* spec;
+    int32_t first_position;
+  };
+  const Case cases[] = {
+      {{1, 2, 8, 128}, "preset=quant-k2v2", 0},
+      {{1, 2, 16, 128}, "preset=quant-k3v2", 0},
+      {{1, 2, 8, 128}, "preset=quant-k4v4", (1 << 20) + 777},
+      {{1, 2, 8, 64}, "preset=quant-k3v3", 0},
+      {{1, 2, 8, 128}, "preset=quant-k4v4,value=fp16", 0},
+      {{1, 2, 8, 256}, "preset=quant-k3v2", 0},
+      {{1, 1, 12, 64}, "preset=high,rope_layout=interleaved,rope_dim=48", 0},
+  };
+  uint64_t seed = 9150;
+  for (const Case& c : cases) {
+    Config cfg = Config::parse(c.spec);  // gain_bits 8, qweight, residual keys: the defaults
+    cfg.flush_block = 16;
+    cfg.mean_tokens = 16;
+    cfg.residual_length = 4;
+    const std::vector<int> lengths = {2, 37, 300, 2100};
+    const PagedSetup s = make_setup(c.shape, cfg, lengths, seed++, 0, 16, c.first_position, /*with_queries=*/true);
+    ASSERT_FALSE(s.paged.key_scales.empty()) << c.spec;
+    ASSERT_EQ(s.paged.layout.key_gain_bytes, 1) << c.spec;
+    const auto q = random_queries(static_cast<int>(lengths.size()), c.shape, seed++, DType::kF32);
+    const auto ref = cpu_attention(s, 0, q);
+    for (int split : {0, 64, 512}) {
+      const double err = worst_row_error(gpu_attention(s, q, DType::kF32, DType::kF32, split), ref, c.shape.head_dim);
+      std::printf("%-48s split %3d: worst row error %.2e\n", c.spec, split, err);
+      EXPECT_LT(err, kAttentionTolF32) << c.spec << " split " << split;
     }
   }
 }

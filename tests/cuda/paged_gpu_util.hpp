@@ -73,16 +73,19 @@ class DeviceBuffer {
   size_t n_ = 0;
 };
 
-/// One layer's tables on the device: the RoPE table and the packed sign bits.
+/// One layer's tables on the device: the RoPE table, the packed sign bits and the RoPE delta
+/// table of the mean term (RoPE-residual keys).
 struct DeviceCodecTables {
   DeviceBuffer<float> rope_table;
   DeviceBuffer<uint32_t> sign_bits;
+  DeviceBuffer<float> rope_delta_table;
   cuda::LayerCodecParams params;
 
   DeviceCodecTables(const CacheCodecs& codecs, int layer) {
     rope_table.upload(codecs.rope_table());
     sign_bits.upload(packed_sign_bits(codecs, layer));
-    params = cuda::layer_codec_params(codecs, layer, rope_table.get(), sign_bits.get());
+    rope_delta_table.upload(e8kv::rope_delta_table(codecs));
+    params = cuda::layer_codec_params(codecs, layer, rope_table.get(), sign_bits.get(), rope_delta_table.get());
   }
 };
 
@@ -90,7 +93,7 @@ struct DeviceCodecTables {
 struct DevicePagedLayer {
   DeviceBuffer<uint8_t> pool;
   DeviceBuffer<int32_t> page_indptr, page_indices, coded_lens, window_lens;
-  DeviceBuffer<uint16_t> window_keys, window_values, means;
+  DeviceBuffer<uint16_t> window_keys, window_values, means, key_scales, gain_refs;
   cuda::PagedCacheView view;
 
   explicit DevicePagedLayer(const PagedLayer& p) {
@@ -113,6 +116,14 @@ struct DevicePagedLayer {
       means.upload(p.means);
       view.means = means.get();
     }
+    if (!p.key_scales.empty()) {
+      key_scales.upload(p.key_scales);
+      view.key_scales = key_scales.get();
+    }
+    if (!p.gain_refs.empty()) {
+      gain_refs.upload(p.gain_refs);
+      view.gain_refs = gain_refs.get();
+    }
   }
 };
 
@@ -131,8 +142,9 @@ struct ReferenceBatch {
 };
 
 /// first_position: the position of every sequence's first token (positions run on from it).
+/// with_queries: observation queries at compress (query-weighted keys get their channel scales).
 inline ReferenceBatch make_reference_batch(const ModelShape& shape, const Config& cfg, const std::vector<int>& lengths,
-                                           uint64_t seed, int32_t first_position = 0) {
+                                           uint64_t seed, int32_t first_position = 0, bool with_queries = false) {
   ReferenceBatch out;
   out.shape = shape;
   out.compressor = std::make_unique<KVCompressor>(shape, cfg);
@@ -154,7 +166,15 @@ inline ReferenceBatch make_reference_batch(const ModelShape& shape, const Config
     for (int l = 0; l < shape.n_layers; ++l)
       seq.layers.push_back({TensorView::nhd(d.keys[l].data(), DType::kF32, lengths[b], shape.n_kv_heads, shape.head_dim),
                             TensorView::nhd(d.values[l].data(), DType::kF32, lengths[b], shape.n_kv_heads, shape.head_dim)});
-    out.caches.push_back(out.compressor->compress(seq));
+    std::vector<LayerQueries> queries;
+    for (int l = 0; l < shape.n_layers && with_queries; ++l) {
+      LayerQueries lq;
+      lq.queries = TensorView::nhd(d.queries[l].data(), DType::kF32, static_cast<int64_t>(d.query_positions.size()),
+                                   shape.n_q_heads, shape.head_dim);
+      lq.positions = d.query_positions.data();
+      queries.push_back(lq);
+    }
+    out.caches.push_back(out.compressor->compress(seq, with_queries && lengths[b] > 0 ? &queries : nullptr));
   }
   return out;
 }

@@ -5,6 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <random>
+#include <vector>
+
+#include "e8kv/numeric/half.hpp"
 
 #include "testing/test_util.hpp"
 
@@ -44,6 +48,32 @@ TEST(GainCode, ZeroSaturationAndOrder) {
   for (int c = 2; c < 256; ++c)
     EXPECT_GT(gain_from_code(1.f, static_cast<uint8_t>(c)), gain_from_code(1.f, static_cast<uint8_t>(c - 1)));
   for (int c = 1; c < 256; ++c) EXPECT_EQ(gain_to_code(gain_from_code(0.37f, static_cast<uint8_t>(c)), 0.37f), c);
+}
+
+// The reference of a (layer, head, kind): the geometric mean of the positive gains of the first
+// flush, as fp16 (the CPU's flush and the GPU's state estimate both call gain_reference_bits).
+TEST(GainCode, ReferenceIsTheGeometricMeanOfPositiveGains) {
+  auto rng = e8kv::test::seeded_rng(809);
+  std::uniform_real_distribution<double> lg(-6, 6);
+  for (int it = 0; it < 2000; ++it) {
+    std::vector<float> g(1 + rng() % 64);
+    for (auto& x : g) x = (rng() % 8 == 0) ? 0.f : static_cast<float>(std::exp2(lg(rng)));
+    double s = 0;
+    int n = 0;
+    for (float x : g) {
+      if (!(x > 0.f)) continue;
+      s += std::log2(static_cast<double>(x));
+      ++n;
+    }
+    const float want = n > 0 ? static_cast<float>(std::exp2(s / n)) : 1.0f;
+    const uint16_t got = gain_reference_bits(g.data(), static_cast<int>(g.size()));
+    ASSERT_EQ(got, e8kv::float_to_fp16_bits(want)) << it;
+  }
+  EXPECT_EQ(gain_reference_bits(nullptr, 0), e8kv::float_to_fp16_bits(1.0f));  // no gain: 1
+  const float zeros[3] = {0.f, -1.f, 0.f};
+  EXPECT_EQ(gain_reference_bits(zeros, 3), e8kv::float_to_fp16_bits(1.0f));
+  const float tiny[2] = {1e-30f, 1e-30f};  // below fp16: the smallest normal-ish reference, never 0
+  EXPECT_EQ(gain_reference_bits(tiny, 2), e8kv::float_to_fp16_bits(6.1e-5f));
 }
 
 }  // namespace

@@ -5,9 +5,11 @@
 // starting at a multiple of 16:
 //
 //   key codes     [H][P][key_code_bytes]      block-code indices, little endian (fp16 codec: 2·d bytes)
-//   key gains     [H][P] uint16 fp16 bits     (absent for the fp16 codec)
+//   key gains     [H][P] gain entries         uint16 fp16 bits (gain_bits 16) or uint8 log codes around
+//                                             a per-(sequence, head, kind) fp16 reference (gain_bits 8,
+//                                             quant/gain_code.hpp); absent for the fp16 codec
 //   value codes   [H][P][value_code_bytes]
-//   value gains   [H][P] uint16
+//   value gains   [H][P] gain entries
 //   positions     [S][P] int32                S = 1 (one set shared by the heads) or H (per-head sets)
 //
 // page_bytes is the sum rounded up to 16. A pool is n_pages · page_bytes bytes owned by the
@@ -39,7 +41,7 @@ struct PagedLayout {
   int32_t head_dim = 0;          ///< d
   int32_t key_code_bytes = 0;    ///< per (slot, head)
   int32_t value_code_bytes = 0;
-  int32_t key_gain_bytes = 0;    ///< 2, or 0 for the fp16 codec
+  int32_t key_gain_bytes = 0;    ///< 2 (fp16 gains), 1 (8-bit gain codes), or 0 for the fp16 codec
   int32_t value_gain_bytes = 0;
   int32_t position_sets = 1;     ///< 1 or kv_heads
   int64_t key_codes_offset = 0;
@@ -53,13 +55,13 @@ struct PagedLayout {
     return key_codes_offset + (static_cast<int64_t>(head) * page_tokens + slot) * key_code_bytes;
   }
   E8KV_HD int64_t key_gain_offset(int head, int slot) const {
-    return key_gains_offset + (static_cast<int64_t>(head) * page_tokens + slot) * 2;
+    return key_gains_offset + (static_cast<int64_t>(head) * page_tokens + slot) * key_gain_bytes;
   }
   E8KV_HD int64_t value_code_offset(int head, int slot) const {
     return value_codes_offset + (static_cast<int64_t>(head) * page_tokens + slot) * value_code_bytes;
   }
   E8KV_HD int64_t value_gain_offset(int head, int slot) const {
-    return value_gains_offset + (static_cast<int64_t>(head) * page_tokens + slot) * 2;
+    return value_gains_offset + (static_cast<int64_t>(head) * page_tokens + slot) * value_gain_bytes;
   }
   /// Offset of the position of (head, slot): head is ignored when the set is shared.
   E8KV_HD int64_t position_offset(int head, int slot) const {
@@ -68,23 +70,29 @@ struct PagedLayout {
   }
 };
 
+/// Rows of rope_delta_table (cache/paged_kv.hpp): offsets Δ = position − 1024·U of a coded token
+/// from the reference upper part U of the decode-attention pass that scores it.
+inline constexpr int kRopeDeltaRows = 2048;
+
 /// The layout for the given shape. key/value_index_bits: bits per 8-element block index (16, 24
-/// or 32), or 0 for the fp16 codec. Returns a layout with page_bytes == 0 when an argument is out
-/// of range (page_tokens, kv_heads >= 1; head_dim a positive multiple of 8; bits 0, 8..32 in
-/// whole bytes).
+/// or 32), or 0 for the fp16 codec; gain_bits: 16 (fp16 gains) or 8 (8-bit codes, CacheLayout::
+/// gain_bits). Returns a layout with page_bytes == 0 when an argument is out of range
+/// (page_tokens, kv_heads >= 1; head_dim a positive multiple of 8; bits 0, 8..32 in whole bytes;
+/// gain_bits 8 or 16).
 E8KV_HD constexpr PagedLayout make_paged_layout(int page_tokens, int kv_heads, int head_dim, int key_index_bits,
-                                                int value_index_bits, bool per_head_positions) {
+                                                int value_index_bits, bool per_head_positions, int gain_bits = 16) {
   PagedLayout L{};
   const bool bits_ok = key_index_bits >= 0 && key_index_bits <= 32 && key_index_bits % 8 == 0 &&
-                       value_index_bits >= 0 && value_index_bits <= 32 && value_index_bits % 8 == 0;
+                       value_index_bits >= 0 && value_index_bits <= 32 && value_index_bits % 8 == 0 &&
+                       (gain_bits == 8 || gain_bits == 16);
   if (page_tokens < 1 || kv_heads < 1 || head_dim < 8 || head_dim % 8 != 0 || !bits_ok) return L;
   L.page_tokens = page_tokens;
   L.kv_heads = kv_heads;
   L.head_dim = head_dim;
   L.key_code_bytes = paged_code_bytes(head_dim, key_index_bits);
   L.value_code_bytes = paged_code_bytes(head_dim, value_index_bits);
-  L.key_gain_bytes = key_index_bits == 0 ? 0 : 2;
-  L.value_gain_bytes = value_index_bits == 0 ? 0 : 2;
+  L.key_gain_bytes = key_index_bits == 0 ? 0 : gain_bits / 8;
+  L.value_gain_bytes = value_index_bits == 0 ? 0 : gain_bits / 8;
   L.position_sets = per_head_positions ? kv_heads : 1;
   const int64_t slots = static_cast<int64_t>(kv_heads) * page_tokens;
   int64_t at = 0;

@@ -1,15 +1,18 @@
-// Kernel templates of paged_decode_attention (flash-decoding over the paged codes).
+// Kernel templates of paged_decode_attention (flash-decoding over the paged codes): the lane
+// kernel for pre-RoPE and fp16 keys, and the reduction kernel every launch ends with. Keys coded
+// as RoPE residuals or post-RoPE take the tensor-core kernel of rotated_attention_kernel.cuh.
 //
 // Grid of the split kernel: x = split (coded-token chunks, then one split for the fp16 window),
 // y = KV head × query chunk (up to kMaxGroup query heads of one GQA group), z = sequence.
 // A CTA of 128 threads holds 128/(D/8) key groups; a key group (D/8 lanes) takes one token per
 // step: it decodes the key once in registers and scores it against every query head of the
 // chunk, then decodes the value and updates an online softmax per query head. Keys coded
-// pre-RoPE are decoded to the engine basis (inverse Hadamard, RoPE at the stored position) and
-// dotted with q; keys coded post-RoPE are dotted in the rotated basis with H·D·q. Values are
-// accumulated in the rotated basis; the reduction kernel merges the splits by their lse
+// pre-RoPE are decoded to the engine basis (inverse Hadamard, S⁻¹ of the key channel scales, the
+// mean, RoPE at the stored position) and dotted with q; fp16 keys are dotted as they are. Values
+// are accumulated in the rotated basis; the reduction kernel merges the splits by their lse
 // (cuda/split_plan.hpp) and applies the inverse Hadamard once per output row. The window split
-// works in the engine basis.
+// works in the engine basis. Gains are fp16 or 8-bit codes around per-(sequence, head, kind)
+// references (load_gain).
 // Partials: [batch][q_heads][splits + 1][2 + D] floats = (lse in the log2 domain, unused, o[D])
 // with o normalized by the split's own softmax sum; an empty split is never read.
 // The kernel bodies are __device__ functions so that scripts/kernel_cost.cu can compile them
@@ -45,7 +48,6 @@ struct AttentionKernelArgs {
   int q_heads = 0, group = 1, q_chunks = 1;
   float scale_log2 = 0.f;  ///< softmax scale · log2(e)
   quant::Codec value_codec = quant::Codec::kE8P;
-  bool keys_pre_rope = true;
   const float* rope_table = nullptr;
   int rotary_dim = 0;
   transform::RopeLayout rope_layout = transform::RopeLayout::kSplitHalf;
@@ -54,7 +56,9 @@ struct AttentionKernelArgs {
   int chunk = 0;            ///< coded tokens per split
   int coded_splits = 0;     ///< the window split has index coded_splits
   float* partial = nullptr;
-  const uint16_t* means = nullptr;  ///< [batch][kv_heads][2][D] fp16 bits, or null
+  const uint16_t* means = nullptr;       ///< [batch][kv_heads][2][D] fp16 bits, or null
+  const uint16_t* key_scales = nullptr;  ///< [batch][kv_heads][D] fp16 bits, or null
+  const uint16_t* gain_refs = nullptr;   ///< [batch][kv_heads][2] fp16 bits (8-bit gains), or null
 };
 
 template <int D, class KeyCode>
@@ -80,45 +84,41 @@ __device__ __forceinline__ void decode_attention_split(const AttentionKernelArgs
   const int lane = static_cast<int>(threadIdx.x) % kLanes;
   const int my_group = static_cast<int>(threadIdx.x) / kLanes;
   const int qh0 = h * a.group + g0;
-  const bool rotated_dot = !window && kKeyRotated && !a.keys_pre_rope;
   const uint32_t key_signs =
       kKeyRotated ? quant::lane_sign_byte(a.sign_bits + static_cast<int64_t>(h) * 2 * a.sign_words, lane) : 0u;
+  const int64_t bh = static_cast<int64_t>(b) * a.layout.kv_heads + h;
 
-  // Centred keys (k = μ + k̂'): pre-RoPE, μ joins each decoded key before RoPE (read from shared
-  // memory per token); post-RoPE, q·μ is one constant per query head on every coded logit of the
-  // CTA, so it only shifts the split's maximum (added at the write-out): softmax-invariant inside.
+  // Pre-RoPE keys k = R_t·(S⁻¹·x̂ + μ): μ and 1/s per element from shared memory (zeros and ones
+  // when the layer has none); the gain-code mantissas for 8-bit gains.
   __shared__ float s_key_mean[D];
-  __shared__ float s_logit_shift[kMaxGroup];
+  __shared__ float s_key_inv_scale[D];
+  __shared__ uint32_t s_mantissas[32];
   const bool key_centred = !window && kKeyRotated && a.means != nullptr;
   if (my_group == 0) {
-    float mu[8];
+    float mu[8], inv[8];
     if (key_centred) {
-      load8_half_bits(a.means + (static_cast<int64_t>(b) * a.layout.kv_heads + h) * 2 * D + 8 * lane, mu);
+      load8_half_bits(a.means + bh * 2 * D + 8 * lane, mu);
     } else {
 #pragma unroll
       for (int r = 0; r < 8; ++r) mu[r] = 0.f;
     }
+    load8_inverse_scales(kKeyRotated && a.key_scales != nullptr ? a.key_scales + bh * D : nullptr, lane, inv);
 #pragma unroll
-    for (int r = 0; r < 8; ++r) s_key_mean[8 * lane + r] = mu[r];
+    for (int r = 0; r < 8; ++r) {
+      s_key_mean[8 * lane + r] = mu[r];
+      s_key_inv_scale[8 * lane + r] = inv[r];
+    }
   }
-  if (threadIdx.x < kMaxGroup) s_logit_shift[threadIdx.x] = 0.f;
+  if (threadIdx.x < 32) s_mantissas[threadIdx.x] = kDeviceGainMantissas[threadIdx.x];
+  const bool gains8 = a.layout.key_gain_bytes == 1 || a.layout.value_gain_bytes == 1;
+  const float key_ref = gains8 && a.gain_refs != nullptr ? half_bits_to_float(a.gain_refs[bh * 2]) : 0.f;
+  const float value_ref = gains8 && a.gain_refs != nullptr ? half_bits_to_float(a.gain_refs[bh * 2 + 1]) : 0.f;
   __syncthreads();
   float q[kMaxGroup][8];
 #pragma unroll
   for (int g = 0; g < kMaxGroup; ++g) {
     if (g < gn) {
       load8(a.q, a.q_dtype, (static_cast<int64_t>(b) * a.q_heads + qh0 + g) * D + 8 * lane, q[g]);
-      if (rotated_dot) {
-        if (key_centred) {
-          float dm = 0.f;
-#pragma unroll
-          for (int r = 0; r < 8; ++r) dm = fmaf(q[g][r], s_key_mean[8 * lane + r], dm);
-          dm = lane_sum<kLanes>(dm) * a.scale_log2;
-          if (threadIdx.x == 0) s_logit_shift[g] = dm;
-        }
-        quant::lane_apply_signs(q[g], key_signs);
-        lane_fwht<kLanes>(q[g], lane);
-      }
     } else {
 #pragma unroll
       for (int r = 0; r < 8; ++r) q[g][r] = 0.f;
@@ -148,16 +148,18 @@ __device__ __forceinline__ void decode_attention_split(const AttentionKernelArgs
     } else {
       const int s = t % L.page_tokens;
       const uint8_t* page = a.pool + static_cast<int64_t>(pages[t / L.page_tokens]) * L.page_bytes;
-      decode_lane<KeyCode>(page + L.key_code_offset(h, s), page + L.key_gain_offset(h, s), lane, kv);
-      if (kKeyRotated && a.keys_pre_rope) {
+      decode_lane<KeyCode>(page + L.key_code_offset(h, s),
+                           load_gain(page + L.key_gain_offset(h, s), L.key_gain_bytes, key_ref, s_mantissas), lane, kv);
+      if constexpr (kKeyRotated) {  // pre-RoPE keys: the dispatcher sends no other block-coded keys here
         lane_fwht<kLanes>(kv, lane);
         quant::lane_apply_signs(kv, key_signs);
 #pragma unroll
-        for (int r = 0; r < 8; ++r) kv[r] += s_key_mean[8 * lane + r];  // zeros when not centred
+        for (int r = 0; r < 8; ++r) kv[r] = fmaf(kv[r], s_key_inv_scale[8 * lane + r], s_key_mean[8 * lane + r]);
         const int32_t position = *reinterpret_cast<const int32_t*>(page + L.position_offset(h, s));
         lane_rope<kLanes>(kv, lane, a.rope_table, a.rotary_dim, a.rope_layout, position, false);
       }
-      decode_lane_runtime(a.value_codec, page + L.value_code_offset(h, s), page + L.value_gain_offset(h, s), lane, vv);
+      decode_lane_runtime(a.value_codec, page + L.value_code_offset(h, s),
+                          load_gain(page + L.value_gain_offset(h, s), L.value_gain_bytes, value_ref, s_mantissas), lane, vv);
     }
 #pragma unroll
     for (int g = 0; g < kMaxGroup; ++g) {
@@ -213,7 +215,7 @@ __device__ __forceinline__ void decode_attention_split(const AttentionKernelArgs
     float* o = out + g * g_stride;
     o[2 + i] = sum_acc / sum_l;
     if (i == 0) {
-      o[0] = partial_lse2(mx, sum_l) + s_logit_shift[g];
+      o[0] = partial_lse2(mx, sum_l);
       o[1] = 0.f;
     }
   }

@@ -1,5 +1,7 @@
 // Kernel template of paged_dequantize: one coded head vector per D/8 lanes, decoded exactly as
-// quant::decode_key_vector / decode_value_vector do on the CPU, stored as fp16 or bf16.
+// CacheCodecs::decode does on the CPU (the gain as its GainReader gives it, inverse Hadamard,
+// RoPE for pre-RoPE keys, S⁻¹ of the key channel scales, + the mean turned to the position for
+// the pre and residual frames), stored as fp16 or bf16.
 #pragma once
 
 #include <algorithm>
@@ -19,7 +21,7 @@ struct DequantizeKernelArgs {
   const int32_t* page_indices = nullptr;
   const int32_t* coded_lens = nullptr;
   int kind = 0;  ///< 0 keys, 1 values
-  bool apply_rope = false;
+  transform::KeyFrame key_frame = transform::KeyFrame::kRopeResidual;
   const float* rope_table = nullptr;
   int rotary_dim = 0;
   transform::RopeLayout rope_layout = transform::RopeLayout::kSplitHalf;
@@ -30,6 +32,8 @@ struct DequantizeKernelArgs {
   const int64_t* out_indptr = nullptr;
   int64_t out_token_stride = 0, out_head_stride = 0;
   const uint16_t* means = nullptr;  ///< [batch][kv_heads][2][D] fp16 bits, or null
+  const uint16_t* key_scales = nullptr;  ///< [batch][kv_heads][D] fp16 bits, or null
+  const uint16_t* gain_refs = nullptr;   ///< [batch][kv_heads][2] fp16 bits (8-bit gains), or null
   int max_coded_len = 0;            ///< the launch's plan: the grid covers this many tokens
   uint32_t* status = nullptr;       ///< device status word (kDeviceStatus* bits), or null
 };
@@ -59,20 +63,30 @@ __device__ __forceinline__ void paged_dequantize(const DequantizeKernelArgs& a) 
   const uint8_t* page =
       a.pool + static_cast<int64_t>(a.page_indices[a.page_indptr[b] + t / L.page_tokens]) * L.page_bytes;
   float v[8];
-  if (a.kind == 0) {
-    decode_lane<Code>(page + L.key_code_offset(h, s), page + L.key_gain_offset(h, s), lane, v);
-  } else {
-    decode_lane<Code>(page + L.value_code_offset(h, s), page + L.value_gain_offset(h, s), lane, v);
-  }
+  const int64_t bh = static_cast<int64_t>(b) * L.kv_heads + h;
+  const int gain_bytes = a.kind == 0 ? L.key_gain_bytes : L.value_gain_bytes;
+  const float ref = gain_bytes == 1 && a.gain_refs != nullptr ? half_bits_to_float(a.gain_refs[bh * 2 + a.kind]) : 0.f;
+  const float gain = load_gain(page + (a.kind == 0 ? L.key_gain_offset(h, s) : L.value_gain_offset(h, s)), gain_bytes, ref,
+                               kDeviceGainMantissas);
+  decode_lane<Code>(page + (a.kind == 0 ? L.key_code_offset(h, s) : L.value_code_offset(h, s)), gain, lane, v);
   if constexpr (!kIsFp16<Code>) {
     lane_fwht<kLanes>(v, lane);
     quant::lane_apply_signs(v, quant::lane_sign_byte(a.sign_bits + (static_cast<int64_t>(h) * 2 + a.kind) * a.sign_words, lane));
     const int32_t position = *reinterpret_cast<const int32_t*>(page + L.position_offset(h, s));
-    if (a.apply_rope) lane_rope<kLanes>(v, lane, a.rope_table, a.rotary_dim, a.rope_layout, position, false);
-    if (a.means != nullptr) {  // + μ (keys: at the position), after the decode, as decompress_head
+    const bool key = a.kind == 0;
+    if (key && a.key_frame == transform::KeyFrame::kPreRope)
+      lane_rope<kLanes>(v, lane, a.rope_table, a.rotary_dim, a.rope_layout, position, false);
+    if (key && a.key_scales != nullptr) {  // S⁻¹ (1/s per element; S commutes with RoPE)
+      float inv[8];
+      load8_inverse_scales(a.key_scales + bh * D, lane, inv);
+#pragma unroll
+      for (int r = 0; r < 8; ++r) v[r] = fp::mul(v[r], inv[r]);
+    }
+    if (a.means != nullptr) {  // + μ (keys of the pre and residual frames: R(pos)·μ), as CacheCodecs::decode
       float mu[8];
-      load8_half_bits(a.means + ((static_cast<int64_t>(b) * L.kv_heads + h) * 2 + a.kind) * D + 8 * lane, mu);
-      if (a.apply_rope) lane_rope<kLanes>(mu, lane, a.rope_table, a.rotary_dim, a.rope_layout, position, false);
+      load8_half_bits(a.means + (bh * 2 + a.kind) * D + 8 * lane, mu);
+      if (key && a.key_frame != transform::KeyFrame::kPostRope)
+        lane_rope<kLanes>(mu, lane, a.rope_table, a.rotary_dim, a.rope_layout, position, false);
 #pragma unroll
       for (int r = 0; r < 8; ++r) v[r] = fp::add(v[r], mu[r]);
     }

@@ -19,6 +19,7 @@
 #include "e8kv/numeric/fp.hpp"
 #include "e8kv/numeric/half.hpp"
 #include "e8kv/quant/codec.hpp"
+#include "e8kv/quant/gain_code.hpp"
 #include "e8kv/quant/kv_vector_codec.hpp"
 #include "e8kv/transform/hadamard.hpp"
 #include "e8kv/transform/rope.hpp"
@@ -26,6 +27,10 @@
 namespace e8kv::cuda::detail {
 
 inline constexpr unsigned kFullMask = 0xffffffffu;
+
+/// The 32 gain-code mantissas (quant/gain_code.hpp) in constant memory; kernels that decode many
+/// 8-bit gains copy them to shared memory first (per-lane codes differ).
+static __constant__ uint32_t kDeviceGainMantissas[32] = {E8KV_GAIN_CODE_MANTISSA_BITS};
 
 /// Tag for the fp16 "codec" (the vector itself, 2 bytes per element: no rotation, no gain).
 struct Fp16Code {
@@ -266,22 +271,38 @@ __device__ __forceinline__ void store_block_index(uint8_t* p, uint32_t index) {
   }
 }
 
+/// The gain of a coded vector as a float, as the CPU's GainReader gives it: the fp16 bits at p
+/// (2-byte entries) or ref · factor(code) of the 8-bit code at p (1-byte entries; mantissas: the
+/// 32 gain-code mantissas, quant/gain_code.hpp). 0-byte entries (fp16 codec): 0.
+__device__ __forceinline__ float load_gain(const uint8_t* p, int bytes, float ref, const uint32_t* mantissas) {
+  if (bytes == 2) return half_bits_to_float(*reinterpret_cast<const uint16_t*>(p));
+  if (bytes == 1) return ref * quant::gain_code_factor(mantissas, *p);
+  return 0.f;
+}
+
+/// The lane's 1/s_i of the key channel scales row `scales` (fp16 bits; null or a first entry of
+/// 0: none, all ones), as the CPU computes them (1.0f / s, IEEE division).
+__device__ __forceinline__ void load8_inverse_scales(const uint16_t* scales, int lane, float inv[8]) {
+  const bool none = scales == nullptr || scales[0] == 0;
+#pragma unroll
+  for (int r = 0; r < 8; ++r) inv[r] = none ? 1.f : 1.0f / half_bits_to_float(scales[8 * lane + r]);
+}
+
 /// Decodes the lane's 8 elements of a coded vector: `codes` points at the vector's codes, `gain`
-/// at its fp16 gain. Block codes give the rotated basis (gain·decode, unfused); fp16 the values.
+/// is its gain (load_gain). Block codes give the rotated basis (gain·decode, unfused); fp16 the values.
 template <class Code>
-__device__ __forceinline__ void decode_lane(const uint8_t* codes, const uint8_t* gain, int lane, float v[8]) {
+__device__ __forceinline__ void decode_lane(const uint8_t* codes, float gain, int lane, float v[8]) {
   if constexpr (kIsFp16<Code>) {
     load8_half_bits(reinterpret_cast<const uint16_t*>(codes) + 8 * lane, v);
   } else {
     const uint32_t index = load_block_index<Code>(codes + lane * (Code::kIndexBits / 8));
-    const float g = half_bits_to_float(*reinterpret_cast<const uint16_t*>(gain));
-    quant::decode_block<Code>(index, g, v);
+    quant::decode_block<Code>(index, gain, v);
   }
 }
 
 /// decode_lane with the codec chosen at run time (a uniform branch; kernels use it for values).
-__device__ __forceinline__ void decode_lane_runtime(quant::Codec codec, const uint8_t* codes, const uint8_t* gain,
-                                                    int lane, float v[8]) {
+__device__ __forceinline__ void decode_lane_runtime(quant::Codec codec, const uint8_t* codes, float gain, int lane,
+                                                    float v[8]) {
   switch (codec) {
     case quant::Codec::kE8P: decode_lane<codebook::E8P>(codes, gain, lane, v); break;
     case quant::Codec::kRvq3: decode_lane<codebook::Rvq3>(codes, gain, lane, v); break;

@@ -23,7 +23,11 @@ inline Status check_codec(const LayerCodecParams& c) {
   if ((key_coded || value_coded) && c.sign_bits == nullptr) return Status::kInvalidArgument;
   if (static_cast<int>(c.key_gain) > 2 || static_cast<int>(c.value_gain) > 2) return Status::kInvalidArgument;
   if (!(c.key_scale > 0.f) || !(c.value_scale > 0.f)) return Status::kInvalidArgument;
-  if (key_coded && c.keys_pre_rope) {
+  if (c.gain_bits != 8 && c.gain_bits != 16) return Status::kInvalidArgument;
+  if (c.key_frame != transform::KeyFrame::kPreRope && c.key_frame != transform::KeyFrame::kPostRope &&
+      c.key_frame != transform::KeyFrame::kRopeResidual)
+    return Status::kInvalidArgument;
+  if (key_coded && c.key_frame != transform::KeyFrame::kPostRope) {
     const int rd = c.rotary_dim == 0 ? c.head_dim : c.rotary_dim;
     if (c.rope_table == nullptr || rd < 2 || rd > c.head_dim || rd % 2 != 0) return Status::kInvalidArgument;
     if (c.rope_layout == transform::RopeLayout::kSplitHalf && rd % 16 != 0) return Status::kInvalidArgument;
@@ -39,9 +43,10 @@ inline int effective_rotary_dim(const LayerCodecParams& c) { return c.rotary_dim
 inline Status check_layout(const PagedLayout& L, const LayerCodecParams& c) {
   if (L.page_bytes <= 0 || L.page_tokens < 1) return Status::kInvalidArgument;
   const PagedLayout e = make_paged_layout(L.page_tokens, c.kv_heads, c.head_dim, quant::index_bits(c.key_codec),
-                                          quant::index_bits(c.value_codec), L.position_sets != 1);
+                                          quant::index_bits(c.value_codec), L.position_sets != 1, c.gain_bits);
   if (e.page_bytes != L.page_bytes || e.kv_heads != L.kv_heads || e.head_dim != L.head_dim ||
       e.key_code_bytes != L.key_code_bytes || e.value_code_bytes != L.value_code_bytes ||
+      e.key_gain_bytes != L.key_gain_bytes || e.value_gain_bytes != L.value_gain_bytes ||
       e.key_codes_offset != L.key_codes_offset || e.key_gains_offset != L.key_gains_offset ||
       e.value_codes_offset != L.value_codes_offset || e.value_gains_offset != L.value_gains_offset ||
       e.positions_offset != L.positions_offset || e.position_sets != L.position_sets)
