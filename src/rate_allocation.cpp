@@ -12,19 +12,21 @@
 #include "e8kv/error.hpp"
 #include "e8kv/numeric/dot.hpp"
 #include "e8kv/numeric/random.hpp"
-#include "e8kv/quant/vector_quantizer.hpp"
+#include "e8kv/quant/kv_vector_codec.hpp"
 
 namespace e8kv::select {
 
 namespace {
 
-/// Relative distortion of `codec` at head_dim d on fixed-seed Gaussian vectors.
-double gaussian_distortion(quant::Codec codec, int d) {
+/// Relative distortion of block code `Code` at head_dim d on fixed-seed Gaussian vectors, through
+/// the per-vector codec every cache uses (norm-preserving gain, unit scale). Instantiated for the
+/// three rate options only (VectorQuantizer would instantiate every codec).
+template <class Code>
+double gaussian_distortion(int d) {
   constexpr int kVectors = 512;
   constexpr uint64_t kSeed = 0xD157'0A7E'0000'0001ull;
-  const quant::VectorQuantizer vq(d, codec);
   std::vector<float> x(static_cast<size_t>(d)), y(static_cast<size_t>(d));
-  std::vector<uint8_t> codes(vq.code_bytes());
+  std::vector<uint8_t> codes(static_cast<size_t>(d / 8 * Code::kIndexBits / 8));
   double err = 0.0, energy = 0.0;
   uint64_t counter = 0;
   for (int v = 0; v < kVectors; ++v) {
@@ -36,8 +38,8 @@ double gaussian_distortion(quant::Codec codec, int d) {
       x[static_cast<size_t>(i) + 1] = static_cast<float>(r * std::sin(6.283185307179586 * u2));
     }
     uint16_t gain = 0;
-    vq.encode(x.data(), codes.data(), &gain);
-    vq.decode(codes.data(), gain, y.data());
+    quant::encode_vector<Code>(x.data(), d, 1.0f, quant::GainPolicy::kNormPreserving, codes.data(), &gain);
+    quant::decode_vector<Code>(codes.data(), gain, d, y.data());
     for (int i = 0; i < d; ++i) {
       const double e = static_cast<double>(x[static_cast<size_t>(i)]) - y[static_cast<size_t>(i)];
       err += e * e;
@@ -84,8 +86,9 @@ const std::vector<RateOption>& block_rate_options(int head_dim) {
   auto it = cache.find(head_dim);
   if (it == cache.end()) {
     std::vector<RateOption> options;
-    for (quant::Codec c : {quant::Codec::kE8P, quant::Codec::kRvq3, quant::Codec::kRvq4})
-      options.push_back(RateOption{c, quant::index_bits(c) / 8, gaussian_distortion(c, head_dim)});
+    options.push_back(RateOption{quant::Codec::kE8P, 2, gaussian_distortion<codebook::E8P>(head_dim)});
+    options.push_back(RateOption{quant::Codec::kRvq3, 3, gaussian_distortion<codebook::Rvq3>(head_dim)});
+    options.push_back(RateOption{quant::Codec::kRvq4, 4, gaussian_distortion<codebook::Rvq4>(head_dim)});
     it = cache.emplace(head_dim, std::move(options)).first;
   }
   return it->second;
@@ -116,8 +119,11 @@ LayerSensitivity estimate_sensitivity(const SensitivityInput& in) {
   const double tau = in.softmax_scale > 0.f ? in.softmax_scale : 1.0 / std::sqrt(static_cast<double>(d));
 
   const size_t ds = static_cast<size_t>(d), ns = static_cast<size_t>(n);
-  std::vector<float> k(ns * ds), v(ns * ds), frame(ns * ds), q(ds), o(ds), a(ds), pw(ns), cw(ns);
-  std::vector<double> key_res(ns), value_res(ns), value_norm(ns), p(ns), mean(ds);
+  constexpr int64_t kHeadBatch = 4;
+  const size_t nbs = static_cast<size_t>(kHeadBatch);
+  std::vector<float> k(ns * ds), v(ns * ds), frame(ns * ds), qs(nbs * ds), o(nbs * ds), a(nbs * ds), pw(nbs * ns),
+      cw(nbs * ns);
+  std::vector<double> key_res(ns), value_res(ns), value_norm(ns), p(nbs * ns), mean(ds);
   std::vector<int64_t> positions64(in.positions, in.positions + n);
   for (int64_t h = 0; h < H; ++h) {
     // The head's rows, and the energy of what the codecs code (centred residuals).
@@ -173,59 +179,75 @@ LayerSensitivity estimate_sensitivity(const SensitivityInput& in) {
       const int64_t visible = std::upper_bound(in.positions, in.positions + n, last_seen) - in.positions;
       if (visible == 0) continue;
       const int64_t first_coded = std::min(in.fp16_prefix, visible);
-      for (int64_t g = 0; g < G; ++g) {
-        if (own_queries)
-          std::copy(&k[static_cast<size_t>(qt) * ds], &k[static_cast<size_t>(qt) * ds] + ds, q.begin());
-        else
-          in.queries->load(qt, h * G + g, q.data());
-        double q2 = 0.0;
-        for (size_t i = 0; i < ds; ++i) {
-          q2 += static_cast<double>(q[i]) * q[i];
-          query_channel[i] += static_cast<double>(q[i]) * q[i];
+      // The query heads of the group in batches: each K and V row is read once per batch.
+      for (int64_t g0 = 0; g0 < G; g0 += kHeadBatch) {
+        const int64_t nb = std::min<int64_t>(kHeadBatch, G - g0);
+        double q2[kHeadBatch] = {}, mx[kHeadBatch], z[kHeadBatch] = {};
+        for (int64_t b = 0; b < nb; ++b) {
+          float* qb = &qs[static_cast<size_t>(b) * ds];
+          if (own_queries)
+            std::copy(&k[static_cast<size_t>(qt) * ds], &k[static_cast<size_t>(qt) * ds] + ds, qb);
+          else
+            in.queries->load(qt, h * G + g0 + b, qb);
+          for (size_t i = 0; i < ds; ++i) {
+            q2[b] += static_cast<double>(qb[i]) * qb[i];
+            query_channel[i] += static_cast<double>(qb[i]) * qb[i];
+          }
+          mx[b] = -INFINITY;
         }
-        double mx = -INFINITY;
         for (int64_t t = 0; t < visible; ++t) {
-          p[static_cast<size_t>(t)] = tau * dot_product(q.data(), &k[static_cast<size_t>(t) * ds], static_cast<int>(d));
-          mx = std::max(mx, p[static_cast<size_t>(t)]);
+          const float* kt = &k[static_cast<size_t>(t) * ds];
+          for (int64_t b = 0; b < nb; ++b) {
+            const double l = tau * dot_product(&qs[static_cast<size_t>(b) * ds], kt, static_cast<int>(d));
+            p[static_cast<size_t>(b) * ns + static_cast<size_t>(t)] = l;
+            mx[b] = std::max(mx[b], l);
+          }
         }
-        double z = 0.0;
-        for (int64_t t = 0; t < visible; ++t)
-          z += (p[static_cast<size_t>(t)] = std::exp(p[static_cast<size_t>(t)] - mx));
-        // The values once: O = Σ p_t·v_t and, for the key term, A = Σ c_t·v_t with
-        // c_t = p_t²·‖r_t‖² over the coded tokens, so that Σ c_t·‖v_t − O‖² =
-        // Σ c_t·‖v_t‖² − 2·O·A + ‖O‖²·Σ c_t without a pass per token for ‖v_t − O‖².
-        double c_sum = 0.0, c_norm = 0.0, value_term = 0.0;
-        for (int64_t t = 0; t < visible; ++t) {
-          const double pt = p[static_cast<size_t>(t)] / z;
-          pw[static_cast<size_t>(t)] = static_cast<float>(pt);
-          cw[static_cast<size_t>(t)] = 0.f;
-          if (t < first_coded) continue;
-          const double c = pt * pt * key_res[static_cast<size_t>(t)];
-          cw[static_cast<size_t>(t)] = static_cast<float>(c);
-          c_sum += c;
-          c_norm += c * value_norm[static_cast<size_t>(t)];
-          value_term += pt * pt * value_res[static_cast<size_t>(t)];
-        }
-        // Eight channels at a time, both sums held in registers while the tokens stream past.
-        for (size_t i0 = 0; i0 < ds; i0 += 8) {
-          float ob[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f}, ab[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        // Weights, and what the key term needs: the values once give O = Σ p_t·v_t and
+        // A = Σ c_t·v_t with c_t = p_t²·‖r_t‖² over the coded tokens, so that
+        // Σ c_t·‖v_t − O‖² = Σ c_t·‖v_t‖² − 2·O·A + ‖O‖²·Σ c_t.
+        double c_sum[kHeadBatch] = {}, c_norm[kHeadBatch] = {};
+        for (int64_t b = 0; b < nb; ++b) {
+          double* pb = &p[static_cast<size_t>(b) * ns];
+          for (int64_t t = 0; t < visible; ++t) z[b] += (pb[t] = std::exp(pb[t] - mx[b]));
+          float* pwb = &pw[static_cast<size_t>(b) * ns];
+          float* cwb = &cw[static_cast<size_t>(b) * ns];
           for (int64_t t = 0; t < visible; ++t) {
-            const float* vt = &v[static_cast<size_t>(t) * ds + i0];
-            const float pf = pw[static_cast<size_t>(t)], cf = cw[static_cast<size_t>(t)];
-            for (int j = 0; j < 8; ++j) {
-              ob[j] += pf * vt[j];
-              ab[j] += cf * vt[j];
+            const double pt = pb[t] / z[b];
+            pwb[t] = static_cast<float>(pt);
+            cwb[t] = 0.f;
+            if (t < first_coded) continue;
+            const double c = pt * pt * key_res[static_cast<size_t>(t)];
+            cwb[t] = static_cast<float>(c);
+            c_sum[b] += c;
+            c_norm[b] += c * value_norm[static_cast<size_t>(t)];
+            s.value += pt * pt * value_res[static_cast<size_t>(t)];
+          }
+        }
+        std::fill(o.begin(), o.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(nb) * ds), 0.f);
+        std::fill(a.begin(), a.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(nb) * ds), 0.f);
+        for (int64_t t = 0; t < visible; ++t) {
+          const float* __restrict__ vt = &v[static_cast<size_t>(t) * ds];
+          for (int64_t b = 0; b < nb; ++b) {
+            const float pf = pw[static_cast<size_t>(b) * ns + static_cast<size_t>(t)];
+            const float cf = cw[static_cast<size_t>(b) * ns + static_cast<size_t>(t)];
+            float* __restrict__ ob = &o[static_cast<size_t>(b) * ds];
+            float* __restrict__ ab = &a[static_cast<size_t>(b) * ds];
+            for (size_t i = 0; i < ds; ++i) {
+              ob[i] += pf * vt[i];
+              ab[i] += cf * vt[i];
             }
           }
-          std::copy(ob, ob + 8, &o[i0]);
-          std::copy(ab, ab + 8, &a[i0]);
         }
-        const double o2 = dot_product(o.data(), o.data(), static_cast<int>(d));
-        output_energy += o2;
-        const double spread_sum =
-            std::max(0.0, c_norm - 2.0 * dot_product(o.data(), a.data(), static_cast<int>(d)) + o2 * c_sum);
-        s.value += value_term;
-        head_key += tau * tau * q2 / static_cast<double>(d) * spread_sum;
+        for (int64_t b = 0; b < nb; ++b) {
+          const float* ob = &o[static_cast<size_t>(b) * ds];
+          const double o2 = dot_product(ob, ob, static_cast<int>(d));
+          output_energy += o2;
+          const double spread_sum =
+              std::max(0.0, c_norm[b] - 2.0 * dot_product(ob, &a[static_cast<size_t>(b) * ds], static_cast<int>(d)) +
+                                o2 * c_sum[b]);
+          head_key += tau * tau * q2[b] / static_cast<double>(d) * spread_sum;
+        }
       }
     }
     s.key += head_key * query_weighting_factor(in, query_channel, key_channel);
