@@ -220,14 +220,9 @@ struct Extent {
   int64_t n_tokens = 0;
 };
 Extent layer_extent(const e8kv::CompressedKV& cache, int32_t layer) {
-  const auto& ld = cache.layer(layer);
-  std::vector<int32_t> all;
-  for (const auto* sets : {&ld.positions, &ld.window_positions})
-    for (const auto& set : *sets) all.insert(all.end(), set.begin(), set.end());
-  if (all.empty()) return {};
-  std::sort(all.begin(), all.end());
-  all.erase(std::unique(all.begin(), all.end()), all.end());
-  return {all.front(), static_cast<int64_t>(all.size())};
+  const std::vector<int32_t> rows = cache.stored_positions(layer);
+  if (rows.empty()) return {};
+  return {rows.front(), static_cast<int64_t>(rows.size())};
 }
 
 e8kv::ModelShape shape_of(const e8kv::CompressedKV& cache) {

@@ -427,20 +427,25 @@ CompactHead CompressedKV::decompress_head(int l, int h) const {
   return sorted;
 }
 
+std::vector<int32_t> CompressedKV::stored_positions(int l) const {
+  const auto& ld = layer(l);
+  std::vector<int32_t> all;
+  for (const auto* sets : {&ld.positions, &ld.window_positions})
+    for (const auto& set : *sets) all.insert(all.end(), set.begin(), set.end());
+  std::sort(all.begin(), all.end());
+  all.erase(std::unique(all.begin(), all.end()), all.end());
+  return all;
+}
+
 DenseLayer CompressedKV::decompress_layer(int l) const {
   const auto& L = layout();
   DenseLayer out;
   out.kv_heads = L.n_kv_heads;
   out.head_dim = L.head_dim;
-  std::vector<CompactHead> heads;
-  for (int h = 0; h < L.n_kv_heads; ++h) {
-    heads.push_back(decompress_head(l, h));
-    out.positions.insert(out.positions.end(), heads.back().positions.begin(), heads.back().positions.end());
-  }
-  // Rows: the union of the heads' positions (each head's list is ascending and duplicate-free).
-  std::sort(out.positions.begin(), out.positions.end());
-  out.positions.erase(std::unique(out.positions.begin(), out.positions.end()), out.positions.end());
+  out.positions = stored_positions(l);  // the rows: every head's positions, once
   if (out.positions.empty()) return out;
+  std::vector<CompactHead> heads;
+  for (int h = 0; h < L.n_kv_heads; ++h) heads.push_back(decompress_head(l, h));
   out.first_position = out.positions.front();
   out.tokens = static_cast<int64_t>(out.positions.size());
   const int64_t H = L.n_kv_heads, d = L.head_dim;

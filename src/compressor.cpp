@@ -14,6 +14,7 @@
 #include "e8kv/entropy/container.hpp"
 #include "e8kv/error.hpp"
 #include "e8kv/numeric/half.hpp"
+#include "e8kv/select/rate_allocation.hpp"
 
 namespace e8kv {
 
@@ -88,9 +89,73 @@ void require_finite_layer(const TensorView& v, const char* what, int layer) {
 
 }  // namespace
 
+std::vector<LayerRate> KVCompressor::allocate_rates(const SequenceKV& prefill, const std::vector<LayerQueries>* queries,
+                                                    Executor* executor) const {
+  const int L = shape_.n_layers;
+  require(static_cast<int>(prefill.layers.size()) == L,
+          "compress: " + std::to_string(prefill.layers.size()) + " layers given, model has " + std::to_string(L));
+  require(queries == nullptr || static_cast<int>(queries->size()) == L,
+          "compress: queries must hold one LayerQueries per layer");
+  const int64_t n = prefill.tokens();
+  std::vector<int32_t> pos(static_cast<size_t>(n));
+  for (int64_t t = 0; t < n; ++t) {
+    pos[static_cast<size_t>(t)] = prefill.position(t);
+    require(pos[static_cast<size_t>(t)] >= 0 && (t == 0 || pos[static_cast<size_t>(t)] > pos[static_cast<size_t>(t - 1)]),
+            "compress: positions must be >= 0 and strictly increasing");
+  }
+  std::vector<bool> fixed(static_cast<size_t>(L));
+  std::vector<LayerRate> fixed_rate(static_cast<size_t>(L));
+  std::vector<select::LayerSensitivity> sensitivity(static_cast<size_t>(L));
+  const auto& layout = codecs_->layout();
+  run_tasks(executor, L, [&](int64_t li) {
+    const int l = static_cast<int>(li);
+    const LayerRate r = config_.layer_rate(l, L);
+    if (r.key == quant::Codec::kFp16 && r.value == quant::Codec::kFp16) {  // protected layer
+      fixed[static_cast<size_t>(l)] = true;
+      fixed_rate[static_cast<size_t>(l)] = r;
+      return;
+    }
+    const LayerKV& kv = prefill.layers[static_cast<size_t>(l)];
+    check_layer_view(kv.keys, shape_, n, "keys", l);
+    check_layer_view(kv.values, shape_, n, "values", l);
+    require_finite_layer(kv.keys, "keys", l);
+    require_finite_layer(kv.values, "values", l);
+    select::SensitivityInput in;
+    in.keys = kv.keys;
+    in.values = kv.values;
+    in.positions = pos.data();
+    if (queries != nullptr) {
+      const LayerQueries& lq = (*queries)[static_cast<size_t>(l)];
+      in.queries = &lq.queries;
+      in.query_positions = lq.positions;
+      require(lq.queries.heads() == shape_.n_q_heads && lq.queries.head_dim() == shape_.head_dim,
+              "compress: layer " + std::to_string(l) + " queries must be [window, " + std::to_string(shape_.n_q_heads) +
+                  ", " + std::to_string(shape_.head_dim) + "]");
+    }
+    in.q_heads = shape_.n_q_heads;
+    in.softmax_scale = layout.effective_softmax_scale();
+    in.center = config_.center;
+    in.fp16_prefix = config_.fp16_sinks ? config_.sinks : 0;
+    in.query_weighted_keys = config_.query_weighted_keys && queries != nullptr;
+    in.rope = config_.key_frame == transform::KeyFrame::kPostRope ? nullptr : &codecs_->rope();
+    sensitivity[static_cast<size_t>(l)] = select::estimate_sensitivity(in);
+  });
+  return select::allocate_rates(sensitivity, select::block_rate_options(shape_.head_dim), config_.rate_budget, fixed,
+                                fixed_rate);
+}
+
 CompressedKV KVCompressor::compress(const SequenceKV& prefill, const std::vector<LayerQueries>* queries,
                                     Executor* executor) const {
-  CompressedKV cache(codecs_);
+  if (config_.rate_budget <= 0.0) {
+    CompressedKV cache(codecs_);
+    extend(cache, prefill, queries, executor);
+    return cache;
+  }
+  // Rate allocation: this prefill's per-layer codes, recorded in the cache's own layout.
+  Config allocated = config_;
+  allocated.layer_rates = allocate_rates(prefill, queries, executor);
+  allocated.rate_budget = 0.0;
+  CompressedKV cache(std::make_shared<const CacheCodecs>(make_layout(allocated, shape_)));
   extend(cache, prefill, queries, executor);
   return cache;
 }
@@ -109,7 +174,13 @@ void KVCompressor::check_cache(const CompressedKV& cache, const char* what) cons
   require(cache.valid(), std::string(what) + ": the cache is empty (default-constructed)");
   if (cache.shared_codecs() == codecs_) return;
   // A cache read back from a container carries codecs of its own: equal layouts are the same codec.
-  const std::string diff = entropy::layout_difference(cache.layout(), codecs_->layout());
+  // With a rate budget every cache has its own per-layer codes: the rest must match.
+  CacheLayout mine = codecs_->layout();
+  if (config_.rate_budget > 0.0 && cache.layout().n_layers == mine.n_layers) {
+    mine.key_codec = cache.layout().key_codec;
+    mine.value_codec = cache.layout().value_codec;
+  }
+  const std::string diff = entropy::layout_difference(cache.layout(), mine);
   require(diff.empty(), std::string(what) + ": the cache was made with another layout (" + diff + ")");
 }
 
@@ -166,7 +237,7 @@ void KVCompressor::extend(CompressedKV& cache, const SequenceKV& chunk, const st
     std::vector<std::vector<int64_t>> sets;
     if (config_.eviction_rate > 0.0 && n > 0) {
       const LayerQueries* lq = queries ? &(*queries)[static_cast<size_t>(l)] : nullptr;
-      const auto scores = select::score_layer(kv.keys, pos.data(), lq, so, codecs_->layout().effective_softmax_scale());
+      const auto scores = select::score_layer(kv.keys, pos.data(), lq, so, cache.layout().effective_softmax_scale());
       sets = select::select_layer(scores, eo);
     } else {
       std::vector<int64_t> all(static_cast<size_t>(n));
@@ -200,7 +271,7 @@ void KVCompressor::extend(CompressedKV& cache, const SequenceKV& chunk, const st
     // window and the head's query group), kept until the first flush turns it into scales.
     const bool scales_pending = ld.query_energy.empty() && ld.heads[0].key_channel_scale.empty() && ld.positions[0].empty();
     if (config_.query_weighted_keys && queries != nullptr && scales_pending &&
-        codecs_->key_quantizer(l).codec() != quant::Codec::kFp16) {
+        cache.codecs().key_quantizer(l).codec() != quant::Codec::kFp16) {
       const TensorView& qv = (*queries)[static_cast<size_t>(l)].queries;
       const int64_t G = shape_.n_q_heads / H;
       require(qv.heads() == shape_.n_q_heads && qv.head_dim() == d && qv.tokens() >= 1,
@@ -219,7 +290,7 @@ void KVCompressor::extend(CompressedKV& cache, const SequenceKV& chunk, const st
         auto& e = in.query_energy[static_cast<size_t>(h)];
         for (int64_t i = 0; i < d; ++i)
           e[static_cast<size_t>(i)] = static_cast<float>(acc[static_cast<size_t>(i)] / static_cast<double>(qv.tokens() * G));
-        codecs_->average_rope_pairs(e.data());
+        cache.codecs().average_rope_pairs(e.data());
         for (float x : e) require(std::isfinite(x), "compress: non-finite observation queries in layer " + std::to_string(l));
       }
     }

@@ -140,6 +140,13 @@ void Config::validate(const ModelShape& shape) const {
   if (!layer_rates.empty() && static_cast<int>(layer_rates.size()) != shape.n_layers)
     throw Error(fmt::format("Config.layer_rates has {} entries; accepted: none, or one per layer ({})",
                             layer_rates.size(), shape.n_layers));
+  if (rate_budget != 0.0 && rate_budget < 2.0)
+    throw Error(fmt::format("Config.rate_budget (spec key 'budget') is {}; accepted: 0 (off) or 2 to 4 index bits "
+                            "per element",
+                            rate_budget));
+  if (rate_budget != 0.0 && !layer_rates.empty())
+    throw Error("Config.rate_budget (spec key 'budget') and Config.layer_rates both set; accepted: one of them (the "
+                "budget chooses the per-layer codes itself)");
   if (rope.head_dim != shape.head_dim && rope.head_dim != 0 && rope.head_dim != 128)
     throw Error(fmt::format("Config.rope.head_dim is {}, the model's head_dim {}; accepted: {}, 0 or 128 (the "
                             "layout always uses the model's)",

@@ -17,9 +17,12 @@ using namespace e8kv;
 
 constexpr int kKvHeads = 8, kQHeads = 32, kDim = 128;
 
+constexpr int kObsWindow = 32;
+
 struct LayerData {
   int64_t tokens;
   std::vector<float> k, v, q;
+  std::vector<float> obs;  ///< [kObsWindow, kQHeads, kDim] observation queries
 };
 
 const LayerData& layer_data(int64_t tokens) {
@@ -36,6 +39,8 @@ const LayerData& layer_data(int64_t tokens) {
     for (auto& x : slot->k) x = g(rng);
     for (auto& x : slot->v) x = g(rng);
     for (auto& x : slot->q) x = g(rng);
+    slot->obs.resize(static_cast<size_t>(kObsWindow) * kQHeads * kDim);
+    for (auto& x : slot->obs) x = g(rng);
   }
   return *slot;
 }
@@ -80,5 +85,25 @@ void BM_CompressK3V2Residual(benchmark::State& state) {
                                                       benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_CompressK3V2Residual)->Unit(benchmark::kMillisecond);
+
+// With observation queries (query-weighted keys), without and with a rate budget: the cost of
+// the sensitivity estimate (select/rate_allocation.hpp) is the difference, in the same run.
+void compress_with_queries(benchmark::State& state, const char* spec) {
+  const auto& d = layer_data(4096);
+  KVCompressor c({1, kKvHeads, kQHeads, kDim}, Config::parse(spec));
+  const auto seq = view(d);
+  std::vector<LayerQueries> queries(1);
+  queries[0].queries = TensorView::nhd(d.obs.data(), DType::kF32, kObsWindow, kQHeads, kDim);
+  for (auto _ : state) {
+    auto cache = c.compress(seq, &queries);
+    benchmark::DoNotOptimize(cache.bytes());
+  }
+  state.counters["tokens_per_s"] = benchmark::Counter(static_cast<double>(state.iterations() * d.tokens),
+                                                      benchmark::Counter::kIsRate);
+}
+void BM_CompressK3V2Queries(benchmark::State& state) { compress_with_queries(state, "preset=quant-k3v2"); }
+BENCHMARK(BM_CompressK3V2Queries)->Unit(benchmark::kMillisecond);
+void BM_CompressBudget2p5Queries(benchmark::State& state) { compress_with_queries(state, "preset=quant-k3v2,budget=2.5"); }
+BENCHMARK(BM_CompressBudget2p5Queries)->Unit(benchmark::kMillisecond);
 
 }  // namespace

@@ -40,6 +40,8 @@ class KVCompressor {
   /// evicts, removes RoPE, rotates, quantizes. Inputs are rounded to fp16 first (the cache's
   /// working precision), so compressing at once equals compressing a prefix and appending.
   /// `executor` (optional) plans the layers in parallel; the result does not depend on it.
+  /// With Config::rate_budget the layers' codes are chosen from this prefill first
+  /// (select/rate_allocation.hpp) and recorded in the cache's layout; extend and append keep them.
   CompressedKV compress(const SequenceKV& prefill, const std::vector<LayerQueries>* queries = nullptr,
                         Executor* executor = nullptr) const;
   /// Ragged batch: one CompressedKV per sequence (queries[b] per sequence, or nullptr).
@@ -63,8 +65,13 @@ class KVCompressor {
   void attend(const CompressedKV& cache, int layer, const float* q, int32_t position, float* out) const;
 
  private:
-  /// Throws unless the cache was made with this compressor's layout (by it, or read back).
+  /// Throws unless the cache was made with this compressor's layout (by it, or read back; with a
+  /// rate budget the per-layer codes are the cache's own).
   void check_cache(const CompressedKV& cache, const char* what) const;
+  /// Config::rate_budget's per-layer codes for a prefill (sensitivity per layer, then the
+  /// allocator); protected layers stay fp16.
+  std::vector<LayerRate> allocate_rates(const SequenceKV& prefill, const std::vector<LayerQueries>* queries,
+                                        Executor* executor) const;
 
   ModelShape shape_;
   Config config_;

@@ -41,6 +41,13 @@ struct Config {
   float value_scale = 1.0f;
   int protect_boundary = 0;  ///< the first and the last N layers stay fp16
   std::vector<LayerRate> layer_rates;  ///< empty, or one entry per layer (overrides the two codecs)
+  /// Rate allocation (select/rate_allocation.hpp): when > 0, compress() chooses each layer's key
+  /// and value codes among E8P / Rvq3 / Rvq4 (2 / 3 / 4 index bits per element) so that their mean
+  /// index bits over the unprotected layers' keys and values is at most this (2 to 4), spending
+  /// bits where the observation queries say errors cost the most. The cache records the chosen
+  /// codes (as layer_rates would); key_codec / value_codec are then unused, layer_rates must be
+  /// empty. Gains, means, positions and the fp16 window come on top (docs/accuracy.md counts them).
+  double rate_budget = 0.0;
   uint64_t rotation_seed = 0x5EED'E8C0'DE00'0001ull;  ///< per (layer, head) signs derive from it
 
   /// The frame keys are coded in (transform::KeyFrame): "residual" (k − R_t·μ), "pre" (RoPE
@@ -91,7 +98,7 @@ struct Config {
   ///   pool, protect, rope (pre | post), key_gain, value_gain (ls, norm, unbiased), key_scale,
   ///   value_scale, residual, flush, per_head, fp16_sinks, center, mean_tokens, qweight,
   ///   gain_bits, gqa (mean | max), head_agg, scorer_seed, seed (rotation_seed), softmax_scale,
-  ///   layer_rates (key/value per layer, ';' between layers), rope_layout (split-half |
+  ///   layer_rates (key/value per layer, ';' between layers), budget (rate_budget), rope_layout (split-half |
   ///   interleaved), rope_scaling (none, linear, dynamic, llama3, yarn), rope_head_dim,
   ///   rope_dim, rope_original_max_position, rope_theta, rope_factor, rope_low_freq_factor,
   ///   rope_high_freq_factor, rope_beta_fast, rope_beta_slow, rope_attention_factor.

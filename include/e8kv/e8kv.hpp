@@ -12,5 +12,6 @@
 #include "e8kv/entropy/container.hpp"
 #include "e8kv/error.hpp"
 #include "e8kv/parallel.hpp"
+#include "e8kv/select/rate_allocation.hpp"
 #include "e8kv/platform.hpp"
 #include "e8kv/version.hpp"

@@ -168,7 +168,9 @@ TEST(AttendKernels, AccumulateRowsIsAnFmaChainInTokenOrder) {
             ASSERT_EQ(got[g * d + i], a) << "d " << d << " ng " << ng << " n " << n;
           }
 #if E8KV_HOST_AVX2_DISPATCH
-        if (cpu_has_avx2_fma()) EXPECT_EQ((run_accumulate<KernelsAvx2Fma>(rows, d / 8, w, ng, n, start)), got);
+        if (cpu_has_avx2_fma()) {
+          EXPECT_EQ((run_accumulate<KernelsAvx2Fma>(rows, d / 8, w, ng, n, start)), got);
+        }
 #endif
       }
 }
@@ -205,7 +207,9 @@ TEST(AttendKernels, MeanTermsAreTheCosSinSums) {
             ASSERT_EQ(got[g * (n + 1) + t], want) << "P " << P << " ng " << ng << " n " << n;
           }
 #if E8KV_HOST_AVX2_DISPATCH
-        if (cpu_has_avx2_fma()) EXPECT_EQ(run_mean_terms<KernelsAvx2Fma>(A, B, P, cs, ng, n), got);
+        if (cpu_has_avx2_fma()) {
+          EXPECT_EQ(run_mean_terms<KernelsAvx2Fma>(A, B, P, cs, ng, n), got);
+        }
 #endif
       }
 }

@@ -231,6 +231,9 @@ class CompressedKV {
   /// Honest bits per stored K/V element: 8·bytes() / (original tokens · layers · heads · d · 2).
   double bits_per_element() const;
 
+  /// The positions some head of `layer` stores (coded or in the window), ascending, each once: the
+  /// rows of decompress_layer.
+  std::vector<int32_t> stored_positions(int layer) const;
   CompactHead decompress_head(int layer, int head) const;
   DenseLayer decompress_layer(int layer) const;
 
