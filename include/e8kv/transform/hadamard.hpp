@@ -389,72 +389,15 @@ class RandomizedHadamard {
   void inverse(const float* y, float* x) const { inverse_batch(y, x, 1, static_cast<size_t>(dim_)); }
 
   /// forward on n vectors: vector v is x + v·stride -> y + v·stride.
-  void forward_batch(const float* x, float* y, size_t n, size_t stride) const {
-    check_batch("forward_batch", x, y, n, stride);
-    switch (dim_) {
-#define E8KV_HADAMARD_CASE(N) \
-  case N: run<N, false>(x, y, n, stride); break;
-      E8KV_HADAMARD_DISPATCH_CASES(E8KV_HADAMARD_CASE)
-#undef E8KV_HADAMARD_CASE
-      default: break;
-    }
-  }
-
+  void forward_batch(const float* x, float* y, size_t n, size_t stride) const;
   /// inverse on n vectors: vector v is y + v·stride -> x + v·stride.
-  void inverse_batch(const float* y, float* x, size_t n, size_t stride) const {
-    check_batch("inverse_batch", y, x, n, stride);
-    switch (dim_) {
-#define E8KV_HADAMARD_CASE(N) \
-  case N: run<N, true>(y, x, n, stride); break;
-      E8KV_HADAMARD_DISPATCH_CASES(E8KV_HADAMARD_CASE)
-#undef E8KV_HADAMARD_CASE
-      default: break;
-    }
-  }
+  void inverse_batch(const float* y, float* x, size_t n, size_t stride) const;
 
  private:
-  void check_batch(const char* what, const float* in, const float* out, size_t n, size_t stride) const {
-    if (n == 0) return;
-    // Messages are built only on failure: this runs once per (batch of) vector(s).
-    if (in == nullptr || out == nullptr)
-      throw Error(std::string("RandomizedHadamard::") + what + ": input and output pointers must be non-null");
-    if (n != 1 && stride < static_cast<size_t>(dim_))
-      throw Error(std::string("RandomizedHadamard::") + what + ": stride = " + std::to_string(stride) +
-                  " must be >= dim = " + std::to_string(dim_) + " when n > 1");
-  }
-
-  // The batch loop has an AVX2 twin (same adds, subtracts and sign multiplies, so the same
-  // floats; see numeric/cpu_features.hpp), chosen per call.
-  template <int D, bool Inverse>
-  void run(const float* in, float* out, size_t n, size_t stride) const {
-    if (cpu_has_avx2()) return run_avx2<D, Inverse>(multipliers_.data(), in, out, n, stride);
-    run_base<D, Inverse>(multipliers_.data(), in, out, n, stride);
-  }
-  template <int D, bool Inverse>
-  E8KV_TARGET_BASE_FLAT static void run_base(const float* mult, const float* in, float* out, size_t n, size_t stride) {
-    run_body<D, Inverse>(mult, in, out, n, stride);
-  }
-  template <int D, bool Inverse>
-  E8KV_TARGET_AVX2_FLAT static void run_avx2(const float* mult, const float* in, float* out, size_t n, size_t stride) {
-    run_body<D, Inverse>(mult, in, out, n, stride);
-  }
-  template <int D, bool Inverse>
-  E8KV_FORCE_INLINE static void run_body(const float* mult, const float* in, float* out, size_t n, size_t stride) {
-    for (size_t v = 0; v < n; ++v) {
-      const float* src = in + v * stride;
-      float* dst = out + v * stride;
-      if (!Inverse) {
-        // Multiplying by ±1 is exact and equals the sign flip of the device path.
-        for (int i = 0; i < D; ++i) dst[i] = src[i] * mult[i];
-        fwht_orthonormal<D>(dst);
-      } else {
-        if (dst != src)
-          for (int i = 0; i < D; ++i) dst[i] = src[i];
-        fwht_orthonormal_inverse<D>(dst);
-        for (int i = 0; i < D; ++i) dst[i] = dst[i] * mult[i];
-      }
-    }
-  }
+  // Defined in src/transform/hadamard.cpp: the batch loop is instantiated for every supported
+  // dim, direction and ISA (40 fully unrolled bodies), compiled once in the library instead of
+  // in every file that rotates vectors. The inline E8KV_HD functions above stay for device code.
+  void check_batch(const char* what, const float* in, const float* out, size_t n, size_t stride) const;
 
   int dim_;
   uint64_t seed_;
