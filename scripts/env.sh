@@ -9,8 +9,10 @@ if [ -z "${E8KV_CUDA:-}" ]; then
   if command -v nvcc >/dev/null 2>&1; then E8KV_CUDA=ON; else E8KV_CUDA=OFF; fi
 fi
 E8KV_BUILD="${E8KV_BUILD:-$E8KV_ROOT/build/main}"
+# E8KV_CMAKE_ARGS: extra configure arguments, word-split (CI: -DE8KV_KERNEL_COST=ON).
 configure_and_build() {
+  # shellcheck disable=SC2086
   cmake -S "$E8KV_ROOT" -B "$E8KV_BUILD" -DCMAKE_BUILD_TYPE=Release -DE8KV_CUDA="$E8KV_CUDA" \
-        -DCMAKE_CUDA_ARCHITECTURES="${CMAKE_CUDA_ARCHITECTURES:-80;90}" "$@" >/dev/null
+        -DCMAKE_CUDA_ARCHITECTURES="${CMAKE_CUDA_ARCHITECTURES:-80;90}" ${E8KV_CMAKE_ARGS:-} "$@" >/dev/null
   cmake --build "$E8KV_BUILD" -j "$E8KV_JOBS" "${E8KV_TARGETS[@]/#/--target=}"
 }

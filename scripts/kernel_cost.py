@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
 """Static cost report of e8kv's CUDA kernels: how a kernel change is judged without a GPU.
 
-    python3 scripts/kernel_cost.py [--check] [--out report.md] [--json report.json]
+    python3 scripts/kernel_cost.py [--check] [--objects BUILD] [--out report.md] [--json report.json]
 
-Compiles the kernel instantiations (kernels/*.cu) and the scenario instantiations
-(scripts/kernel_cost.cu) for sm_90 with `-Xptxas -v -lineinfo`, reads ptxas's resource usage,
-disassembles the cubins with nvdisasm (line info with inlining) and prints, per kernel:
+Takes the sm_90 cubins of the kernel instantiations (kernels/*.cu) and of the scenario
+instantiations (scripts/kernel_cost.cu): from a Release CMake build's objects with --objects
+(configured with -DE8KV_CUDA=ON -DE8KV_KERNEL_COST=ON; what CI does, so nothing is compiled twice
+and the report reads the code the library ships), or compiled here with the same device flags.
+Reads `cuobjdump -res-usage`, disassembles the cubins with nvdisasm (line info with inlining) and
+prints, per kernel:
 
-  regs, spill bytes, stack, static shared memory, threads per CTA, CTAs/SM and occupancy on an
-  H200 (sm_90: 64K registers and 228 KB shared memory per SM, 4 sub-partitions);
+  regs, local-memory bytes (the STL/LDL instructions' widths: spills plus local arrays), stack,
+  static shared memory, threads per CTA, CTAs/SM and occupancy on an H200 (sm_90: 64K registers
+  and 228 KB shared memory per SM, 4 sub-partitions);
   the hot path in warp-instructions per token-head, and a roofline estimate.
 
 Hot path. A kernel marks its hot code in the source with a `cost-report:` comment:
@@ -130,64 +134,123 @@ def ensure_tools(nvcc, log):
     return tools
 
 
-# ---- compile and parse ptxas ---------------------------------------------------------------------
+# ---- cubins: compiled here, or taken from a CMake build's objects ----------------------------------
 
 
 def compile_cubin(nvcc, src, out_dir):
+    """src compiled for sm_90 with the library's Release device flags (CMakeLists.txt: -O3 -DNDEBUG
+    -lineinfo --expt-relaxed-constexpr)."""
     name = os.path.splitext(os.path.basename(src))[0]
     cubin = os.path.join(out_dir, name + ".cubin")
-    cmd = [nvcc, "-cubin", f"-arch={ARCH}", "-O3", "-std=c++17", "--expt-relaxed-constexpr", "-lineinfo",
-           "-Xptxas", "-v", "-Xcompiler=-ffp-contract=off", "-DE8KV_HAS_CUDA=1", "-I", os.path.join(ROOT, "include"),
+    cmd = [nvcc, "-cubin", f"-arch={ARCH}", "-O3", "-DNDEBUG", "-std=c++17", "--expt-relaxed-constexpr", "-lineinfo",
+           "-Xcompiler=-ffp-contract=off", "-DE8KV_HAS_CUDA=1", "-I", os.path.join(ROOT, "include"),
            os.path.join(ROOT, src), "-o", cubin]
     t0 = time.time()
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         raise CostError(f"nvcc failed on {src}:\n{r.stderr[-3000:]}")
-    return cubin, r.stderr, time.time() - t0
+    return cubin, time.time() - t0
 
 
-def parse_ptxas(text):
-    """{mangled name: {regs, spill_stores, spill_loads, stack, smem, barriers}} of entry functions."""
-    out, current, entries = {}, None, set()
+# Where a CMake build keeps the objects of kernels/*.cu (target e8kv_cuda) and of the scenarios
+# (target e8kv_kernel_cost_scenarios, built when E8KV_KERNEL_COST=ON), relative to the build dir.
+OBJECT_GLOBS = {"kernels": os.path.join("CMakeFiles", "e8kv_cuda.dir", "kernels", "*.cu.o"),
+                "scenarios": os.path.join("CMakeFiles", "e8kv_kernel_cost_scenarios.dir", "scripts", "kernel_cost.cu.o")}
+
+
+def cubins_from_build(build, tools, out_dir):
+    """[(source, cubin)]: the sm_90 cubins inside a CMake build's kernel and scenario objects, so the
+    report reads the code the library ships and CI compiles nothing twice."""
+    import glob
+    cache = os.path.join(build, "CMakeCache.txt")
+    if not os.path.exists(cache):
+        raise CostError(f"--objects {build}: no CMakeCache.txt (not a CMake build directory)")
+    with open(cache) as fh:
+        m = re.search(r"^CMAKE_BUILD_TYPE:\w+=(.*)$", fh.read(), re.M)
+    if not m or m.group(1).strip() != "Release":
+        raise CostError(f"--objects {build}: CMAKE_BUILD_TYPE is {m.group(1).strip() if m else 'unset'!r}; "
+                        "the report reads Release objects only (the flags the thresholds were set with)")
+    found = []
+    for kind, pattern in OBJECT_GLOBS.items():
+        objs = sorted(glob.glob(os.path.join(build, pattern)))
+        if not objs:
+            hint = " (configure with -DE8KV_KERNEL_COST=ON and build)" if kind == "scenarios" else \
+                " (configure with -DE8KV_CUDA=ON and build)"
+            raise CostError(f"--objects {build}: no {kind} object {pattern}{hint}")
+        for obj in objs:
+            src = ("kernels/" + os.path.basename(obj)[:-2]) if kind == "kernels" else "scripts/kernel_cost.cu"
+            where = os.path.join(out_dir, os.path.basename(obj)[:-2])
+            os.makedirs(where, exist_ok=True)
+            for old in os.listdir(where):
+                os.remove(os.path.join(where, old))
+            r = subprocess.run([tools["cuobjdump"], "-xelf", "all", os.path.abspath(obj)], cwd=where,
+                               capture_output=True, text=True)
+            if r.returncode != 0:
+                raise CostError(f"cuobjdump -xelf all {obj}: {r.stderr.strip()}")
+            cubins = [f for f in os.listdir(where) if f.endswith(f".{ARCH}.cubin")]
+            if len(cubins) != 1:
+                raise CostError(f"{obj}: {len(cubins)} {ARCH} cubins inside (configure with "
+                                f"CMAKE_CUDA_ARCHITECTURES containing {ARCH[3:]})")
+            found.append((src, os.path.join(where, cubins[0])))
+    return found
+
+
+# ---- resources: cuobjdump -res-usage, local-memory traffic from the SASS --------------------------
+
+
+def parse_res_usage(text):
+    """{mangled name: {regs, stack, smem}} from `cuobjdump -res-usage`. Its SHARED is the size of the
+    kernel's .nv.shared section, which on sm_90 holds 1 KB more than the kernel's own static shared
+    memory whenever it has any (ptxas -v reports the kernel's own; the driver's per-CTA reservation
+    is added in occupancy()); smem here is the kernel's own, as ptxas reports it."""
+    out, current = {}, None
     for line in text.splitlines():
-        m = re.search(r"Compiling entry function '([^']+)'", line)
-        if m:
-            entries.add(m.group(1))
-            continue
-        m = re.search(r"Function properties for (\S+)", line)
+        m = re.match(r"^\s*Function (\S+):\s*$", line)
         if m:
             current = m.group(1)
-            out.setdefault(current, {"regs": 0, "spill_stores": 0, "spill_loads": 0, "stack": 0, "smem": 0})
             continue
-        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
+        m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+)", line)
         if m and current:
-            out[current].update(stack=int(m.group(1)), spill_stores=int(m.group(2)), spill_loads=int(m.group(3)))
+            shared = int(m.group(3))
+            if 0 < shared < SMEM_RESERVED_PER_CTA:
+                raise CostError(f"{current}: SHARED:{shared}, below the {SMEM_RESERVED_PER_CTA} B every kernel with "
+                                "shared memory carries on sm_90 (cuobjdump's accounting changed?)")
+            out[current] = {"regs": int(m.group(1)), "stack": int(m.group(2)),
+                            "smem": shared - SMEM_RESERVED_PER_CTA if shared else 0}
+            current = None
+    return out
+
+
+LOCAL_ACCESS_RE = re.compile(r"^(STL|LDL)((?:\.\w+)*)$")
+
+
+def local_bytes(func):
+    """Bytes moved by the function's local-memory instructions (STL + LDL widths, each counted once
+    in the code): register spills plus local arrays. For a kernel without local arrays it equals
+    ptxas -v's "spill stores + spill loads" (checked against ptxas on every kernel of 2026-12-02)."""
+    total = 0
+    for _, text, _ in func.ins:
+        m = LOCAL_ACCESS_RE.match(opcode(text))
+        if not m:
             continue
-        m = re.search(r"Used (\d+) registers", line)
-        if m and current:
-            out[current]["regs"] = int(m.group(1))
-            s = re.search(r"(\d+) bytes smem", line)
-            out[current]["smem"] = int(s.group(1)) if s else 0
-            c = re.search(r"(\d+) bytes cumulative stack size", line)
-            if c:
-                out[current]["stack"] = max(out[current]["stack"], int(c.group(1)))
-    return {k: v for k, v in out.items() if k in entries}
+        mods = m.group(2).split(".")
+        total += 16 if "128" in mods else 8 if "64" in mods else 1 if ("U8" in mods or "S8" in mods) else \
+            2 if ("U16" in mods or "S16" in mods) else 4
+    return total
+
+
+MAX_THREADS_RE = re.compile(r"^\.nv\.info\.(\S+)|EIATTR_MAX_THREADS\s*\n\s*Format:[^\n]*\n\s*Value:\s*(0x[0-9a-fA-F]+)", re.M)
 
 
 def parse_max_threads(elf_text):
-    """{mangled name: threads per CTA} from the EIATTR_MAX_THREADS (__launch_bounds__) attributes."""
-    out, current, want = {}, None, False
-    for line in elf_text.splitlines():
-        m = re.match(r"^\.nv\.info\.(\S+)", line.strip())
-        if m:
-            current, want = m.group(1), False
-            continue
-        if "EIATTR_MAX_THREADS" in line:
-            want = True
-            continue
-        if want and current and line.strip().startswith("Value:"):
-            out[current] = int(line.split()[1], 16)
-            want = False
+    """{mangled name: threads per CTA} from the EIATTR_MAX_THREADS (__launch_bounds__) attributes
+    (one regex pass: `cuobjdump -elf` prints ~10^5 lines per cubin)."""
+    out, current = {}, None
+    for m in MAX_THREADS_RE.finditer(elf_text):
+        if m.group(1):
+            current = m.group(1)
+        elif current and current not in out:
+            out[current] = int(m.group(2), 16)
     return out
 
 
@@ -522,6 +585,48 @@ def vectors_per_warp_step(name):
 # ---- report --------------------------------------------------------------------------------------
 
 
+def analyse_cubin(src, cubin, tools, markers, scenarios):
+    """The report rows of one cubin's kernels (entries): resources, hot path, roofline."""
+    rows = []
+    usage = subprocess.run([tools["cuobjdump"], "-res-usage", cubin], capture_output=True, text=True)
+    if usage.returncode != 0:
+        raise CostError(f"cuobjdump -res-usage {cubin}: {usage.stderr.strip()}")
+    elf = subprocess.run([tools["cuobjdump"], "-elf", cubin], capture_output=True, text=True)
+    if elf.returncode != 0:
+        raise CostError(f"cuobjdump -elf {cubin}: {elf.stderr.strip()}")
+    threads = parse_max_threads(elf.stdout)
+    entries = set(re.findall(r"^\.nv\.info\.(\S+)", elf.stdout, re.M))
+    res = {k: v for k, v in parse_res_usage(usage.stdout).items() if k in entries}
+    sass = subprocess.run([tools["nvdisasm"], "-gi", "-c", cubin], capture_output=True, text=True)
+    if sass.returncode != 0:
+        raise CostError(f"nvdisasm {cubin}: {sass.stderr.strip()}")
+    funcs = parse_sass(sass.stdout)
+    names = demangle(sorted(res))
+    for mangled, r in sorted(res.items(), key=lambda kv: names[kv[0]]):
+        t = threads.get(mangled)
+        if t is None:
+            raise CostError(f"{mangled}: no __launch_bounds__ (EIATTR_MAX_THREADS) in the cubin")
+        if mangled not in funcs:
+            raise CostError(f"{mangled}: no code in nvdisasm's output of {cubin}")
+        ctas, occ, limiter = occupancy(r["regs"], r["smem"], t)
+        scenario = scenarios.get(mangled)
+        row = {"kernel": mangled if scenario else short_name(names[mangled]), "source": src,
+               "scenario": bool(scenario), "what": scenario["what"] if scenario else "",
+               "regs": r["regs"], "local_bytes": local_bytes(funcs[mangled]), "stack": r["stack"],
+               "smem": r["smem"], "threads": t, "ctas_per_sm": ctas, "occupancy": occ, "limiter": limiter}
+        hot = analyse_hot_path(funcs[mangled], markers)
+        per_step = scenario["vectors_per_step"] if scenario else vectors_per_warp_step(row["kernel"])
+        if hot and per_step:
+            row.update(hot_kind=hot["kind"], hot_static=hot["static"], hot_inner_loops=hot["inner_loops"],
+                       path_min=hot["min"], path_max=hot["max"], instr_per_token_head=hot["path"] / per_step,
+                       instr_per_token_head_max=hot["max"] / per_step)
+        if scenario and "instr_per_token_head" in row:
+            row["bytes_per_token_head"] = scenario["bytes"]
+            row.update(roofline(row["instr_per_token_head"], scenario["bytes"]))
+        rows.append(row)
+    return rows
+
+
 def measure(args, log):
     nvcc = find_nvcc(args.nvcc)
     if nvcc is None:
@@ -532,43 +637,22 @@ def measure(args, log):
     if not markers:
         raise CostError("no cost-report markers under include/e8kv/cuda")
     scenarios = read_scenarios()
-    srcs = args.sources.split(",") if args.sources else sources()
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        futures = [pool.submit(compile_cubin, nvcc, src, args.build_dir) for src in srcs]
-        compiled = [fut.result() for fut in futures]
-    rows = []
-    for src, (cubin, ptxas_text, secs) in zip(srcs, compiled):
-        log(f"compiled {src} for {ARCH} in {secs:.0f} s")
-        res = parse_ptxas(ptxas_text)
-        elf = subprocess.run([tools["cuobjdump"], "-elf", cubin], capture_output=True, text=True)
-        if elf.returncode != 0:
-            raise CostError(f"cuobjdump -elf {cubin}: {elf.stderr.strip()}")
-        threads = parse_max_threads(elf.stdout)
-        sass = subprocess.run([tools["nvdisasm"], "-gi", "-c", cubin], capture_output=True, text=True)
-        if sass.returncode != 0:
-            raise CostError(f"nvdisasm {cubin}: {sass.stderr.strip()}")
-        funcs = parse_sass(sass.stdout)
-        names = demangle(sorted(res))
-        for mangled, r in sorted(res.items(), key=lambda kv: names[kv[0]]):
-            t = threads.get(mangled)
-            if t is None:
-                raise CostError(f"{mangled}: no __launch_bounds__ (EIATTR_MAX_THREADS) in the cubin")
-            ctas, occ, limiter = occupancy(r["regs"], r["smem"], t)
-            scenario = scenarios.get(mangled)
-            row = {"kernel": mangled if scenario else short_name(names[mangled]), "source": src,
-                   "scenario": bool(scenario), "what": scenario["what"] if scenario else "",
-                   "regs": r["regs"], "spill_bytes": r["spill_stores"] + r["spill_loads"], "stack": r["stack"],
-                   "smem": r["smem"], "threads": t, "ctas_per_sm": ctas, "occupancy": occ, "limiter": limiter}
-            hot = analyse_hot_path(funcs[mangled], markers) if mangled in funcs else None
-            per_step = scenario["vectors_per_step"] if scenario else vectors_per_warp_step(row["kernel"])
-            if hot and per_step:
-                row.update(hot_kind=hot["kind"], hot_static=hot["static"], hot_inner_loops=hot["inner_loops"],
-                           path_min=hot["min"], path_max=hot["max"], instr_per_token_head=hot["path"] / per_step,
-                           instr_per_token_head_max=hot["max"] / per_step)
-            if scenario and "instr_per_token_head" in row:
-                row["bytes_per_token_head"] = scenario["bytes"]
-                row.update(roofline(row["instr_per_token_head"], scenario["bytes"]))
-            rows.append(row)
+    if args.objects:
+        srcs_cubins = cubins_from_build(args.objects, tools, args.build_dir)
+        log(f"read {len(srcs_cubins)} objects of {args.objects} ({ARCH} cubins)")
+    else:
+        srcs = args.sources.split(",") if args.sources else sources()
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+            futures = [pool.submit(compile_cubin, nvcc, src, args.build_dir) for src in srcs]
+            compiled = [fut.result() for fut in futures]
+        for src, (_, secs) in zip(srcs, compiled):
+            log(f"compiled {src} for {ARCH} in {secs:.0f} s")
+        srcs_cubins = [(src, cubin) for src, (cubin, _) in zip(srcs, compiled)]
+    srcs = [src for src, _ in srcs_cubins]
+    # One cubin per worker process (disassembly and path analysis are the step's cost).
+    with concurrent.futures.ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        futures = [pool.submit(analyse_cubin, src, cubin, tools, markers, scenarios) for src, cubin in srcs_cubins]
+        rows = [row for fut in futures for row in fut.result()]
     missing = sorted(set(scenarios) - {r["kernel"] for r in rows if r["scenario"]})
     if missing and "scripts/kernel_cost.cu" in srcs:
         raise CostError(f"scenarios without a kernel in the cubin: {missing}")
@@ -592,13 +676,13 @@ def markdown(report):
            f"{report['nvcc']}; H200 model: {SMS} SMs x {SCHEDULERS} schedulers at {CLOCK_HZ / 1e9:.2f} GHz, "
            f"{HBM_BYTES_PER_S / 1e12:.1f} TB/s HBM.", "",
            "## Scenarios (one launch's uniform parameters fixed: scripts/kernel_cost.cu)", "",
-           "| scenario | regs | spill B | stack | smem | CTAs/SM | occ. | hot path instr/token-head (max) | B/token-head | "
+           "| scenario | regs | local B | stack | smem | CTAs/SM | occ. | hot path instr/token-head (max) | B/token-head | "
            "budget instr | HBM % | 32K x 8 heads floor us |",
            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         if not r["scenario"]:
             continue
-        out.append(f"| {r['what']} | {r['regs']} | {r['spill_bytes']} | {r['stack']} | {r['smem']} | {r['ctas_per_sm']} | "
+        out.append(f"| {r['what']} | {r['regs']} | {r['local_bytes']} | {r['stack']} | {r['smem']} | {r['ctas_per_sm']} | "
                    f"{100 * r['occupancy']:.1f} % | {fmt(r.get('instr_per_token_head'), 1)} "
                    f"({fmt(r.get('instr_per_token_head_max'), 1)}) | {fmt(r.get('bytes_per_token_head'), 1)} | "
                    f"{fmt(r.get('budget_instr'), 1)} | {fmt(r.get('hbm_pct'), 1)} | {fmt(r.get('floor_us_32k_8h'), 1)} |")
@@ -608,13 +692,13 @@ def markdown(report):
             "of 4.3 TB/s reachable if instruction issue were the only other limit. Floor: 32K tokens x 8 KV heads at "
             "that rate.", "",
             "## Kernels (kernels/*.cu, as launched)", "",
-            "| kernel | regs | spill B | stack | smem | threads | CTAs/SM | occ. | limiter | hot path | instr/token-head "
+            "| kernel | regs | local B | stack | smem | threads | CTAs/SM | occ. | limiter | hot path | instr/token-head "
             "(max) |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: |"]
     for r in rows:
         if r["scenario"]:
             continue
         hot = {"loop": "per-token loop", "vector": "per vector"}.get(r.get("hot_kind"), "-")
-        out.append(f"| `{r['kernel']}` | {r['regs']} | {r['spill_bytes']} | {r['stack']} | {r['smem']} | {r['threads']} | "
+        out.append(f"| `{r['kernel']}` | {r['regs']} | {r['local_bytes']} | {r['stack']} | {r['smem']} | {r['threads']} | "
                    f"{r['ctas_per_sm']} | {100 * r['occupancy']:.1f} % | {r['limiter']} | {hot} | "
                    f"{fmt(r.get('instr_per_token_head'), 1)} ({fmt(r.get('instr_per_token_head_max'), 1)}) |")
     out += ["", "Real kernels decide G, the value codec, RoPE mode and dtype at run time: their decode loop path is "
@@ -636,7 +720,7 @@ def check(report, thresholds_path):
             failures.append(f"rule {rule['match']!r} matches no kernel (renamed? update {os.path.basename(thresholds_path)})")
             continue
         for r in matched:
-            for key, field, sense in (("max_regs", "regs", "<="), ("max_spill_bytes", "spill_bytes", "<="),
+            for key, field, sense in (("max_regs", "regs", "<="), ("max_local_bytes", "local_bytes", "<="),
                                       ("max_stack", "stack", "<="), ("max_smem", "smem", "<="),
                                       ("min_ctas_per_sm", "ctas_per_sm", ">="),
                                       ("max_instr_per_token_head", "instr_per_token_head", "<=")):
@@ -659,7 +743,12 @@ def main():
     ap.add_argument("--out", help="write the markdown report here too")
     ap.add_argument("--json", help="write the figures as JSON")
     ap.add_argument("--nvcc", help="nvcc to use (default: PATH, then /usr/local/cuda/bin)")
-    ap.add_argument("--build-dir", default=os.path.join(ROOT, "build", "kernel_cost"))
+    ap.add_argument("--objects", metavar="CMAKE_BUILD_DIR",
+                    help="read the sm_90 cubins of a Release CMake build's kernel and scenario objects "
+                    "(-DE8KV_CUDA=ON -DE8KV_KERNEL_COST=ON, CMAKE_CUDA_ARCHITECTURES containing 90) instead of "
+                    "compiling: what CI does after the test build")
+    ap.add_argument("--build-dir", default=os.path.join(ROOT, "build", "kernel_cost"),
+                    help="where cubins are written (compiled, or extracted from --objects)")
     ap.add_argument("--jobs", type=int, default=2, help="parallel nvcc processes (default 2)")
     ap.add_argument("--from-json", help="report (and --check) the figures of an earlier --json run, compiling nothing")
     ap.add_argument("--sources", help="comma-separated sources to compile instead of all (development; --check then "
