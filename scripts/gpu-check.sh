@@ -7,8 +7,9 @@
 #   build      <= 130 s  the GPU tests and e8kv-gpu-bench for sm_90 (all objects in parallel)
 #   tests      <=  70 s  the GPU test binaries, shortest first (codes byte-identical, attention
 #                        within tolerance)
-#   bench      <=  40 s  e8kv-gpu-bench: encode, decode (k2v2 / k2v2-post / k3v2 / fp16; medians,
-#                        rotated buffers, % of 4.3 TB/s, split plans), memory
+#   bench      <=  40 s  e8kv-gpu-bench: encode, decode (k2v2 / k3v2 default storage, k2v2-post,
+#                        k2v2-pre / k3v2-pre, fp16; medians, rotated buffers, % of 4.3 TB/s,
+#                        split plans), memory
 #   sdpa       <=  30 s  PyTorch SDPA on the same shapes (flash pinned, per-shape fallback)
 #   sanitizer  what is left (<= 30 s a tool): compute-sanitizer memcheck / racecheck, small filters
 # Optional pieces never stop the run before the benches: without GoogleTest the tests are

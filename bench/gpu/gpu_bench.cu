@@ -4,8 +4,11 @@
 //             K+V, above the 60 MB L2), GB/s of fp16 K+V input, beside a device-to-device
 //             cudaMemcpy of the same bytes in the same run
 //   decode    paged_decode_attention latency over contexts × batch × head_dim × GQA × codec:
-//             k2v2 and k3v2 with pre-RoPE keys (the default), k2v2-post (post-RoPE keys), and
-//             fp16 (our fp16 path through the same kernel skeleton); 8 KV heads, 16-token pages,
+//             k2v2 and k3v2 as the library's default Config stores them (RoPE-residual keys,
+//             8-bit gains, key channel scales, centring: the tensor-core kernel), k2v2-post
+//             (post-RoPE keys, same kernel), k2v2-pre / k3v2-pre (pre-RoPE keys, fp16 gains: the
+//             lane kernel), and fp16 (our fp16 path through the lane kernel's skeleton); 8 KV
+//             heads, 16-token pages,
 //             no residual window. Each call reads a different copy of the cache (copies rotate
 //             until they span 2 × 60 MB), so no measurement runs out of L2. Prints the split plan
 //             (splits × chunk, CTAs against the device's slots) and % of 4.3 TB/s (cache bytes
@@ -115,12 +118,16 @@ void csv_row(const char* bench, const char* codec, int d, int gqa, int batch, in
 struct CodecChoice {
   const char* name;
   quant::Codec key, value;
-  bool pre_rope = true;
+  transform::KeyFrame frame = transform::KeyFrame::kPreRope;
+  /// The default Config's storage: 8-bit gain codes and query-weighted key channel scales.
+  bool default_storage = false;
 };
-const CodecChoice kK2V2{"k2v2", quant::Codec::kE8P, quant::Codec::kE8P, true};
-const CodecChoice kK2V2Post{"k2v2-post", quant::Codec::kE8P, quant::Codec::kE8P, false};
-const CodecChoice kK3V2{"k3v2", quant::Codec::kRvq3, quant::Codec::kE8P, true};
-const CodecChoice kFp16{"fp16", quant::Codec::kFp16, quant::Codec::kFp16, false};
+const CodecChoice kK2V2{"k2v2", quant::Codec::kE8P, quant::Codec::kE8P, transform::KeyFrame::kRopeResidual, true};
+const CodecChoice kK3V2{"k3v2", quant::Codec::kRvq3, quant::Codec::kE8P, transform::KeyFrame::kRopeResidual, true};
+const CodecChoice kK2V2Post{"k2v2-post", quant::Codec::kE8P, quant::Codec::kE8P, transform::KeyFrame::kPostRope};
+const CodecChoice kK2V2Pre{"k2v2-pre", quant::Codec::kE8P, quant::Codec::kE8P, transform::KeyFrame::kPreRope};
+const CodecChoice kK3V2Pre{"k3v2-pre", quant::Codec::kRvq3, quant::Codec::kE8P, transform::KeyFrame::kPreRope};
+const CodecChoice kFp16{"fp16", quant::Codec::kFp16, quant::Codec::kFp16, transform::KeyFrame::kPostRope};
 
 CacheLayout layout_for(const CodecChoice& c, int kv_heads, int q_heads, int d) {
   CacheLayout L;
@@ -130,20 +137,27 @@ CacheLayout layout_for(const CodecChoice& c, int kv_heads, int q_heads, int d) {
   L.head_dim = d;
   L.key_codec = {c.key};
   L.value_codec = {c.value};
-  L.key_frame = c.pre_rope ? transform::KeyFrame::kPreRope : transform::KeyFrame::kPostRope;
+  L.key_frame = c.frame;
+  if (c.default_storage) {
+    L.gain_bits = 8;
+    L.query_weighted_keys = true;
+  }
   L.rotation_seed = 42;
   return L;
 }
 
-/// Device copies of a layer's rope table and sign bits, and the codec params pointing at them.
+/// Device copies of a layer's rope tables and sign bits, and the codec params pointing at them.
 struct Tables {
-  Dev<float> rope;
+  Dev<float> rope, rope_delta;
   Dev<uint32_t> signs;
   cuda::LayerCodecParams params;
-  Tables(const CacheCodecs& codecs) : rope(codecs.rope_table().size()), signs(packed_sign_bits(codecs, 0).size()) {
+  Tables(const CacheCodecs& codecs)
+      : rope(codecs.rope_table().size()), rope_delta(rope_delta_table(codecs).size()),
+        signs(packed_sign_bits(codecs, 0).size()) {
     rope.upload(codecs.rope_table());
+    rope_delta.upload(rope_delta_table(codecs));
     signs.upload(packed_sign_bits(codecs, 0));
-    params = cuda::layer_codec_params(codecs, 0, rope.p, signs.p);
+    params = cuda::layer_codec_params(codecs, 0, rope.p, signs.p, rope_delta.p);
   }
 };
 
@@ -163,7 +177,8 @@ __global__ void fill_random(uint32_t* words, size_t n_words, uint64_t seed) {
     words[i] = hash32(seed + i);
 }
 
-/// Makes every slot decode to finite values: gains 0.1, fp16 codes in ±[0.5, 1), positions.
+/// Makes every slot decode to finite values: gains 0.1 (fp16 gains) or the reference (8-bit gain
+/// code 128), fp16 codes in ±[0.5, 1), positions.
 __global__ void sanitize_slots(uint8_t* pool, PagedLayout L, int64_t n_pages, bool key_fp16, bool value_fp16) {
   const int64_t total = n_pages * L.page_tokens * L.kv_heads;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
@@ -172,8 +187,10 @@ __global__ void sanitize_slots(uint8_t* pool, PagedLayout L, int64_t n_pages, bo
     const int h = static_cast<int>(i / L.page_tokens % L.kv_heads);
     const int s = static_cast<int>(i % L.page_tokens);
     uint8_t* p = pool + page * L.page_bytes;
-    if (L.key_gain_bytes) *reinterpret_cast<uint16_t*>(p + L.key_gain_offset(h, s)) = 0x2E66;
-    if (L.value_gain_bytes) *reinterpret_cast<uint16_t*>(p + L.value_gain_offset(h, s)) = 0x2E66;
+    if (L.key_gain_bytes == 2) *reinterpret_cast<uint16_t*>(p + L.key_gain_offset(h, s)) = 0x2E66;
+    if (L.key_gain_bytes == 1) p[L.key_gain_offset(h, s)] = 128;
+    if (L.value_gain_bytes == 2) *reinterpret_cast<uint16_t*>(p + L.value_gain_offset(h, s)) = 0x2E66;
+    if (L.value_gain_bytes == 1) p[L.value_gain_offset(h, s)] = 128;
     if (key_fp16) {
       uint16_t* c = reinterpret_cast<uint16_t*>(p + L.key_code_offset(h, s));
       for (int e = 0; e < L.head_dim; ++e) c[e] = static_cast<uint16_t>((c[e] & 0x83FFu) | 0x3800u);
@@ -220,7 +237,12 @@ void bench_encode() {
   std::printf("  %-6s %10s %10s %12s\n", "codec", "time_us", "GB/s", "vs_copy");
   std::printf("  %-6s %10.1f %10.1f %12s\n", "copy", copy_ms * 1e3, in_bytes / copy_ms / 1e6, "1.00");
   csv_row("encode", "copy", d, 0, 1, T, copy_ms * 1e3, in_bytes / copy_ms / 1e6, copy_ms * 1e3);
-  for (const CodecChoice& c : {kK2V2, kK3V2, kFp16}) {
+  // The default storage's key channel scales (ones) and 8-bit gain references (0.1) of the one
+  // sequence, as paged_estimate_state would leave them.
+  Dev<uint16_t> key_scales(static_cast<size_t>(H) * d), gain_refs(static_cast<size_t>(H) * 2);
+  key_scales.upload(std::vector<uint16_t>(key_scales.n, 0x3C00));
+  gain_refs.upload(std::vector<uint16_t>(gain_refs.n, 0x2E66));
+  for (const CodecChoice& c : {kK2V2, kK3V2, kK2V2Pre, kFp16}) {
     const CacheCodecs codecs(layout_for(c, H, H, d));
     Tables tables(codecs);
     const PagedLayout L = paged_layout_for(codecs, 0, P);
@@ -239,6 +261,10 @@ void bench_encode() {
     p.slot_mapping = dslots.p;
     p.means = means.p;
     p.token_seq = dseq.p;
+    if (c.default_storage) {
+      p.key_scales = key_scales.p;
+      p.gain_refs = gain_refs.p;
+    }
     const double ms = time_ms([&](int) { BENCH_STATUS(cuda::paged_encode(p, nullptr)); });
     std::printf("  %-6s %10.1f %10.1f %12.3f\n", c.name, ms * 1e3, in_bytes / ms / 1e6, copy_ms / ms);
     csv_row("encode", c.name, d, 0, 1, T, ms * 1e3, in_bytes / ms / 1e6, copy_ms * 1e3);
@@ -250,7 +276,7 @@ void bench_encode() {
 void bench_decode(const std::vector<int>& contexts, const std::vector<int>& batches, const std::vector<int>& dims,
                   const std::vector<int>& gqas) {
   const int H = 8, P = 16;
-  const std::vector<CodecChoice> codecs = {kK2V2, kK2V2Post, kK3V2, kFp16};
+  const std::vector<CodecChoice> codecs = {kK2V2, kK3V2, kK2V2Post, kK2V2Pre, kK3V2Pre, kFp16};
   const int max_ctx = *std::max_element(contexts.begin(), contexts.end());
   const int max_batch = *std::max_element(batches.begin(), batches.end());
   const int max_d = *std::max_element(dims.begin(), dims.end());
@@ -265,9 +291,13 @@ void bench_decode(const std::vector<int>& contexts, const std::vector<int>& batc
   Dev<uint8_t> pool(region);
   const int max_q = max_batch * H * *std::max_element(gqas.begin(), gqas.end()) * max_d;
   Dev<uint16_t> q(static_cast<size_t>(max_q)), out(static_cast<size_t>(max_q));
-  // Centring means (CacheLayout::center is on by default): zeros, the work is the same.
+  // Centring means (CacheLayout::center is on by default): zeros, the work is the same. The
+  // default storage's key channel scales (ones) and 8-bit gain references (0.1) likewise.
   Dev<uint16_t> means(static_cast<size_t>(max_batch) * H * 2 * max_d);
   BENCH_CUDA(cudaMemset(means.p, 0, means.n * sizeof(uint16_t)));
+  Dev<uint16_t> key_scales(static_cast<size_t>(max_batch) * H * max_d), gain_refs(static_cast<size_t>(max_batch) * H * 2);
+  key_scales.upload(std::vector<uint16_t>(key_scales.n, 0x3C00));
+  gain_refs.upload(std::vector<uint16_t>(gain_refs.n, 0x2E66));
   {
     std::mt19937_64 rng(2);
     std::normal_distribution<float> g(0.f, 1.f);
@@ -317,6 +347,10 @@ void bench_decode(const std::vector<int>& contexts, const std::vector<int>& batc
             p.cache.batch = batch;
             p.cache.max_coded_len = ctx;
             p.cache.means = means.p;
+            if (c.default_storage) {
+              p.cache.key_scales = key_scales.p;
+              p.cache.gain_refs = gain_refs.p;
+            }
             p.q_heads = H * gqa;
             p.q = q.p;
             p.q_dtype = DType::kF16;
@@ -359,8 +393,11 @@ void bench_memory() {
   const int T = 32768, H = 8, d = 128, P = 16;
   const ModelShape shape{1, H, 4 * H, d};
   Config cfg = Config::preset("quant-k2v2");
-  cfg.gain_bits = 16;                  // the paged layout stores fp16 gains
-  cfg.query_weighted_keys = false;     // and no key channel scales
+  // fp16 gains, no key channel scales: this row's device accounting (pool + table + means). The
+  // default's 8-bit gains store 1 B less per token-head and kind, its key scales d fp16 more per
+  // sequence and KV head.
+  cfg.gain_bits = 16;
+  cfg.query_weighted_keys = false;
   cfg.residual_length = 0;
   cfg.flush_block = 1;
   KVCompressor compressor(shape, cfg);

@@ -12,8 +12,10 @@ beforehand (outside the timing; the row says so). A shape whose tensors (plus th
 backend's scores, if it comes to that) do not fit in free device memory is skipped.
 Timing: the median of individually timed calls (CUDA events) after warm-up; when one copy of
 K/V is smaller than 2 x 60 MB (the L2), copies rotate call by call so no call runs from L2.
-With --ours, prints one row per shape: SDPA, our fp16 path, k2v2 (pre- and post-RoPE keys) and
-k3v2 latencies (us), % of 4.3 TB/s, and the speed-ups of k2v2 and k3v2 over SDPA.
+With --ours, prints one row per shape: SDPA, our fp16 path, k2v2 and k3v2 as the default Config
+stores them (RoPE-residual keys: the tensor-core kernel), k2v2-post (post-RoPE keys) and k2v2-pre
+(pre-RoPE keys: the lane kernel) latencies (us), % of 4.3 TB/s, and the speed-ups of k2v2 and
+k3v2 over SDPA.
 """
 import argparse
 import csv
@@ -135,16 +137,16 @@ def merged_table(sdpa_rows, ours_path):
                 ours[(r["codec"],) + key] = (float(r["time_us"]), float(r.get("pct_hbm") or 0))
     print("\ndecode attention latency (us; lower is better), 8 KV heads, fp16 query/output; "
           "%HBM = bytes read / time against 4.3 TB/s")
-    print(f"{'context':>7} {'batch':>5} {'d':>4} {'gqa':>3} {'sdpa':>9} {'fp16':>9} {'k2v2':>9} {'k2v2-post':>9} "
-          f"{'k3v2':>9} {'k2v2 %HBM':>9} {'k2v2/sdpa':>9} {'k3v2/sdpa':>9}")
+    print(f"{'context':>7} {'batch':>5} {'d':>4} {'gqa':>3} {'sdpa':>9} {'fp16':>9} {'k2v2':>9} {'k3v2':>9} "
+          f"{'k2v2-post':>9} {'k2v2-pre':>9} {'k2v2 %HBM':>9} {'k2v2/sdpa':>9} {'k3v2/sdpa':>9}")
     for (_, _, d, gqa, batch, ctx, us, _) in sdpa_rows:
         key = (d, gqa, batch, ctx)
-        got = {c: ours.get((c,) + key) for c in ("fp16", "k2v2", "k2v2-post", "k3v2")}
+        got = {c: ours.get((c,) + key) for c in ("fp16", "k2v2", "k3v2", "k2v2-post", "k2v2-pre")}
         f = lambda c: f"{got[c][0]:9.1f}" if got[c] else f"{'-':>9}"
         sp = lambda c: f"{us / got[c][0]:9.2f}" if got[c] else f"{'-':>9}"
         pct = f"{got['k2v2'][1]:8.1f}%" if got["k2v2"] else f"{'-':>9}"
-        print(f"{ctx:7d} {batch:5d} {d:4d} {gqa:3d} {us:9.1f} {f('fp16')} {f('k2v2')} {f('k2v2-post')} {f('k3v2')} "
-              f"{pct} {sp('k2v2')} {sp('k3v2')}")
+        print(f"{ctx:7d} {batch:5d} {d:4d} {gqa:3d} {us:9.1f} {f('fp16')} {f('k2v2')} {f('k3v2')} {f('k2v2-post')} "
+              f"{f('k2v2-pre')} {pct} {sp('k2v2')} {sp('k3v2')}")
 
 
 def main():
