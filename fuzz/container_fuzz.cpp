@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "e8kv/attention/attend.hpp"
+#include "e8kv/cache/cache_codecs.hpp"
 #include "e8kv/entropy/container.hpp"
 #include "e8kv/error.hpp"
 #include "seed_corpus.hpp"

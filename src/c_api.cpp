@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "e8kv/attention/attend.hpp"
+#include "e8kv/cache/cache_codecs.hpp"
 #include "e8kv/cache/compressed_kv.hpp"
 #include "e8kv/cache/kv_view.hpp"
 #include "e8kv/compressor.hpp"

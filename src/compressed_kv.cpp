@@ -1,5 +1,6 @@
 // CompressedKV and CacheCodecs: encoding of single vectors, flushing, byte accounting, the CPU
 // reference decode attention and decompression.
+#include "e8kv/cache/cache_codecs.hpp"
 #include "e8kv/cache/compressed_kv.hpp"
 
 #include <algorithm>

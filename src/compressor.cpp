@@ -11,9 +11,11 @@
 
 #include "detail/finite.hpp"
 #include "layer_write.hpp"
+#include "e8kv/cache/cache_codecs.hpp"
 #include "e8kv/entropy/container.hpp"
 #include "e8kv/error.hpp"
 #include "e8kv/numeric/half.hpp"
+#include "e8kv/parallel.hpp"
 #include "e8kv/select/rate_allocation.hpp"
 
 namespace e8kv {

@@ -21,6 +21,7 @@
 #include <cstring>
 #include <string>
 
+#include "e8kv/cache/cache_codecs.hpp"
 #include "e8kv/error.hpp"
 #include "e8kv/numeric/half.hpp"
 #include "e8kv/quant/gain_code.hpp"

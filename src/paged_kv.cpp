@@ -8,6 +8,7 @@
 #include <numeric>
 #include <string>
 
+#include "e8kv/cache/cache_codecs.hpp"
 #include "e8kv/cuda/rotated_attention_math.hpp"
 #include "e8kv/error.hpp"
 #include "e8kv/numeric/random.hpp"

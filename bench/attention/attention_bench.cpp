@@ -26,6 +26,7 @@
 #include "e8kv/compressor.hpp"
 #include "e8kv/numeric/cpu_features.hpp"
 #include "e8kv/numeric/half.hpp"
+#include "e8kv/parallel.hpp"
 
 namespace {
 using namespace e8kv;

@@ -31,11 +31,13 @@
 
 #include "container/stream_transform.hpp"  // internal: the bench measures transforms outside the format
 #include "testing/cache_digest.hpp"
+#include "e8kv/cache/cache_codecs.hpp"
 #include "e8kv/codebook/e8p.hpp"
 #include "e8kv/codebook/rvq.hpp"
 #include "e8kv/compressor.hpp"
 #include "e8kv/entropy/container.hpp"
 #include "e8kv/numeric/half.hpp"
+#include "e8kv/quant/codec.hpp"
 #include "testing/synthetic_kv.hpp"
 #include "e8kv/version.hpp"
 

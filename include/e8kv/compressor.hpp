@@ -20,14 +20,12 @@
 #include "e8kv/cache/compressed_kv.hpp"
 #include "e8kv/cache/kv_view.hpp"
 #include "e8kv/config.hpp"
-#include "e8kv/parallel.hpp"
-#include "e8kv/quant/codec.hpp"
-#include "e8kv/quant/vector_quantizer.hpp"
 #include "e8kv/select/eviction.hpp"
 #include "e8kv/select/scorer.hpp"
-#include "e8kv/transform/rope.hpp"
 
 namespace e8kv {
+
+class Executor;  // e8kv/parallel.hpp (ThreadPool, or an engine's own pool); used by pointer only
 
 class KVCompressor {
  public:

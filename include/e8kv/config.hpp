@@ -8,10 +8,10 @@
 #include <vector>
 
 #include "e8kv/cache/cache_layout.hpp"
-#include "e8kv/quant/codec.hpp"
-#include "e8kv/quant/vector_quantizer.hpp"
+#include "e8kv/quant/codec_basics.hpp"
+#include "e8kv/quant/codec_id.hpp"
 #include "e8kv/select/scorer.hpp"
-#include "e8kv/transform/rope.hpp"
+#include "e8kv/transform/rope_params.hpp"
 
 namespace e8kv {
 

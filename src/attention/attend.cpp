@@ -21,10 +21,12 @@
 #include "attention/attend_kernels.hpp"
 #include "detail/finite.hpp"
 #include "e8kv/numeric/fp.hpp"
+#include "e8kv/cache/cache_codecs.hpp"
 #include "e8kv/codebook/host_decode.hpp"
 #include "e8kv/error.hpp"
 #include "e8kv/numeric/cpu_features.hpp"
 #include "e8kv/numeric/half.hpp"
+#include "e8kv/parallel.hpp"
 #include "e8kv/quant/gain_code.hpp"
 
 namespace e8kv {

@@ -11,6 +11,7 @@
 #include "container/header.hpp"
 #include "container/layer_table.hpp"
 #include "container/source.hpp"
+#include "e8kv/cache/cache_codecs.hpp"
 #include "e8kv/entropy/container.hpp"
 
 namespace e8kv::entropy {

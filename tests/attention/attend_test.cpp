@@ -13,6 +13,7 @@
 #include "e8kv/compressor.hpp"
 #include "e8kv/entropy/container.hpp"
 #include "e8kv/numeric/cpu_features.hpp"
+#include "e8kv/parallel.hpp"
 #include "testing/kv_fixture.hpp"
 
 namespace {

@@ -1,6 +1,7 @@
 // Paged layout (cache/paged_layout.hpp) and the host conversion CompressedKV <-> pages
 // (cache/paged_kv.hpp): hand-computed offsets, block tables, round trips on ragged batches.
 #include "e8kv/attention/attend.hpp"
+#include "e8kv/cache/cache_codecs.hpp"
 #include "e8kv/cache/paged_kv.hpp"
 
 #include <gtest/gtest.h>

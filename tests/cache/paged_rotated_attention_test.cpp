@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "e8kv/attention/attend.hpp"
+#include "e8kv/cache/cache_codecs.hpp"
 #include "e8kv/cache/paged_kv.hpp"
 #include "e8kv/compressor.hpp"
 #include "e8kv/cuda/rotated_attention_math.hpp"

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "e8kv/attention/attend.hpp"
+#include "e8kv/cache/cache_codecs.hpp"
 #include "e8kv/compressor.hpp"
 #include "e8kv/entropy/checksum.hpp"
 #include "e8kv/entropy/container.hpp"

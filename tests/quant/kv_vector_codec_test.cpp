@@ -3,6 +3,7 @@
 // sequential sums), the CacheCodecs plumbing, and a lane-by-lane emulation of the CUDA kernels'
 // data flow (include/e8kv/cuda/detail/lane_ops.cuh) that must reproduce the whole-vector
 // functions bit for bit.
+#include "e8kv/cache/cache_codecs.hpp"
 #include "e8kv/quant/kv_vector_codec.hpp"
 
 #include <gtest/gtest.h>

@@ -27,9 +27,10 @@
 #include <vector>
 
 #include "e8kv/cache/compressed_kv.hpp"
-#include "e8kv/parallel.hpp"
 
 namespace e8kv {
+
+class Executor;  // e8kv/parallel.hpp (ThreadPool, or an engine's own pool); used by pointer only
 
 struct AttendOptions {
   /// Runs the work items (sequence × chunk of tokens); null: the calling thread.

@@ -6,11 +6,15 @@
 #include <cstdint>
 #include <vector>
 
-#include "e8kv/quant/codec.hpp"
-#include "e8kv/quant/vector_quantizer.hpp"
-#include "e8kv/transform/rope.hpp"
+#include "e8kv/quant/codec_basics.hpp"
+#include "e8kv/quant/codec_id.hpp"
+#include "e8kv/transform/rope_params.hpp"
 
 namespace e8kv {
+
+/// Keys or values: the two kinds of vectors a cache codes (each with its own codec, rotation and
+/// statistics).
+enum class KvKind : uint8_t { kKey = 0, kValue = 1 };
 
 /// Everything a decoder needs to interpret the codes of a cache (its descriptor).
 struct CacheLayout {

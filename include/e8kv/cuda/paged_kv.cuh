@@ -37,6 +37,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "e8kv/cache/cache_codecs.hpp"
 #include "e8kv/cache/compressed_kv.hpp"
 #include "e8kv/cache/kv_view.hpp"
 #include "e8kv/cache/paged_layout.hpp"

@@ -29,6 +29,7 @@
 
 #include "e8kv/cache/kv_view.hpp"
 #include "e8kv/config.hpp"
+#include "e8kv/transform/rope.hpp"
 
 namespace e8kv::select {
 
