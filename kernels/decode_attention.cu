@@ -23,6 +23,42 @@ int query_chunks(const DecodeAttentionParams& p) {
   return (group + detail::kMaxGroup - 1) / detail::kMaxGroup;
 }
 
+/// The fields the lane kernel's and the tensor-core kernel's arguments share, from the launch
+/// parameters (each launcher then sets what only its kernel reads).
+template <class Args>
+void fill_common_args(Args& a, const DecodeAttentionParams& p, float scale_log2, int chunk, int splits,
+                      void* workspace) {
+  const LayerCodecParams& c = p.codec;
+  a.pool = p.cache.pool;
+  a.layout = p.cache.layout;
+  a.page_indptr = p.cache.page_indptr;
+  a.page_indices = p.cache.page_indices;
+  a.coded_lens = p.cache.coded_lens;
+  a.window_keys = p.window_keys;
+  a.window_values = p.window_values;
+  a.window_lens = p.window_lens;
+  a.window_seq_stride = p.window_seq_stride;
+  a.window_head_stride = p.window_head_stride;
+  a.window_token_stride = p.window_token_stride;
+  a.q = p.q;
+  a.q_dtype = p.q_dtype;
+  a.q_heads = p.q_heads;
+  a.group = p.q_heads / c.kv_heads;
+  a.q_chunks = query_chunks(p);
+  a.scale_log2 = scale_log2;
+  a.means = p.cache.means;
+  a.key_scales = p.cache.key_scales;
+  a.gain_refs = p.cache.gain_refs;
+  a.rope_table = c.rope_table;
+  a.rotary_dim = detail::effective_rotary_dim(c);
+  a.rope_layout = c.rope_layout;
+  a.sign_bits = c.sign_bits;
+  a.sign_words = transform::hadamard_sign_words(c.head_dim);
+  a.chunk = chunk;
+  a.coded_splits = splits;
+  a.partial = static_cast<float*>(workspace);
+}
+
 int64_t plan_rows(const DecodeAttentionParams& p) {
   return static_cast<int64_t>(p.cache.batch > 0 ? p.cache.batch : 1) * (p.codec.kv_heads > 0 ? p.codec.kv_heads : 1) *
          query_chunks(p);
@@ -155,37 +191,10 @@ Status paged_decode_attention(const DecodeAttentionParams& p, void* workspace, s
 
   if (rotated_keys(c)) {
     detail::RotKernelArgs a;
-    a.pool = p.cache.pool;
-    a.layout = p.cache.layout;
-    a.page_indptr = p.cache.page_indptr;
-    a.page_indices = p.cache.page_indices;
-    a.coded_lens = p.cache.coded_lens;
+    fill_common_args(a, p, scale_log2, chunk, splits, workspace);
     rot_page_divider(p.cache.layout.page_tokens > 0 ? p.cache.layout.page_tokens : 1, a.page_magic, a.page_shift);
-    a.window_keys = p.window_keys;
-    a.window_values = p.window_values;
-    a.window_lens = p.window_lens;
-    a.window_seq_stride = p.window_seq_stride;
-    a.window_head_stride = p.window_head_stride;
-    a.window_token_stride = p.window_token_stride;
-    a.q = p.q;
-    a.q_dtype = p.q_dtype;
-    a.q_heads = p.q_heads;
-    a.group = p.q_heads / c.kv_heads;
-    a.q_chunks = query_chunks(p);
-    a.scale_log2 = scale_log2;
     a.residual = c.key_frame == transform::KeyFrame::kRopeResidual;
-    a.means = p.cache.means;
-    a.key_scales = p.cache.key_scales;
-    a.gain_refs = p.cache.gain_refs;
-    a.rope_table = c.rope_table;
     a.delta_table = reinterpret_cast<const RotF4*>(c.rope_delta_table);
-    a.rotary_dim = detail::effective_rotary_dim(c);
-    a.rope_layout = c.rope_layout;
-    a.sign_bits = c.sign_bits;
-    a.sign_words = transform::hadamard_sign_words(c.head_dim);
-    a.chunk = chunk;
-    a.coded_splits = splits;
-    a.partial = static_cast<float*>(workspace);
     switch (c.head_dim) {
       case 64: return detail::launch_rotated_dim<64>(c, a, r, p.cache.batch, stream);
       case 128: return detail::launch_rotated_dim<128>(c, a, r, p.cache.batch, stream);
@@ -195,35 +204,8 @@ Status paged_decode_attention(const DecodeAttentionParams& p, void* workspace, s
   }
 
   detail::AttentionKernelArgs a;
-  a.pool = p.cache.pool;
-  a.layout = p.cache.layout;
-  a.page_indptr = p.cache.page_indptr;
-  a.page_indices = p.cache.page_indices;
-  a.coded_lens = p.cache.coded_lens;
-  a.window_keys = p.window_keys;
-  a.window_values = p.window_values;
-  a.window_lens = p.window_lens;
-  a.window_seq_stride = p.window_seq_stride;
-  a.window_head_stride = p.window_head_stride;
-  a.window_token_stride = p.window_token_stride;
-  a.q = p.q;
-  a.q_dtype = p.q_dtype;
-  a.q_heads = p.q_heads;
-  a.group = p.q_heads / c.kv_heads;
-  a.q_chunks = query_chunks(p);
-  a.scale_log2 = scale_log2;
+  fill_common_args(a, p, scale_log2, chunk, splits, workspace);
   a.value_codec = c.value_codec;
-  a.rope_table = c.rope_table;
-  a.rotary_dim = detail::effective_rotary_dim(c);
-  a.rope_layout = c.rope_layout;
-  a.sign_bits = c.sign_bits;
-  a.sign_words = transform::hadamard_sign_words(c.head_dim);
-  a.chunk = chunk;
-  a.coded_splits = splits;
-  a.partial = static_cast<float*>(workspace);
-  a.means = p.cache.means;
-  a.key_scales = p.cache.key_scales;
-  a.gain_refs = p.cache.gain_refs;
 
   switch (c.head_dim) {
     case 64: return launch_dim<64>(c.key_codec, a, r, p.cache.batch, c.kv_heads, stream);
