@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Fetches llama.cpp's source into the cache (never into the repository) and prints the path of
+# its source tree: the llama.cpp tree vendored by the PyPI source package llama-cpp-python==0.3.36
+# (vendor/llama.cpp, llama.cpp commit 0c1e57098bba of 2026-10-01, ggml 0.25.3), pinned by the
+# sdist's SHA-256. Only what libllama and ggml need is extracted (CMakeLists.txt cmake ggml src
+# include vendor LICENSE). integrations/llama.cpp builds it (GGML_NATIVE=OFF).
+# Idempotent: nothing is downloaded when the tree is there with the recorded hash.
+# Cache: ${E8KV_CACHE:-$HOME/.cache/e8kv}/llama.cpp/
+set -euo pipefail
+
+PACKAGE="llama-cpp-python"
+VERSION="0.3.36"
+SDIST="llama_cpp_python-$VERSION.tar.gz"
+# The sdist's address on PyPI's file host (from https://pypi.org/simple/llama-cpp-python/).
+URL="https://files.pythonhosted.org/packages/ec/e9/e7de2b0463ea3ffbf0ede6cb21b58c1258a8f6521aae45ca773a59fe7cf3/$SDIST"
+SHA256="832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+
+CACHE="${E8KV_CACHE:-$HOME/.cache/e8kv}"
+ROOT="$CACHE/llama.cpp"
+DEST="$ROOT/llama.cpp-$VERSION"
+STAMP="$DEST/.e8kv-sdist-sha256"
+
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$SHA256" ] && [ -f "$DEST/CMakeLists.txt" ]; then
+  echo "$DEST"
+  exit 0
+fi
+
+mkdir -p "$ROOT"
+hash_ok() { [ -f "$1" ] && [ "$(sha256sum "$1" | cut -d' ' -f1)" = "$SHA256" ]; }
+archive="$ROOT/$SDIST"
+if ! hash_ok "$archive"; then
+  rm -f "$archive"
+  echo "[fetch-llama-cpp] downloading $PACKAGE==$VERSION (sdist, 77 MB) from PyPI" >&2
+  if command -v curl >/dev/null 2>&1 && curl -fsSL --retry 3 -o "$archive.part" "$URL"; then
+    mv "$archive.part" "$archive"
+  else
+    # pip finds the same file through the index (slower: it prepares the package's metadata).
+    rm -f "$archive.part"
+    tmp="$(mktemp -d)"
+    trap 'rm -rf "$tmp"' EXIT
+    python3 -m pip download --no-deps --no-binary :all: --disable-pip-version-check -q \
+      "$PACKAGE==$VERSION" -d "$tmp" >&2
+    mv "$tmp/$SDIST" "$archive"
+  fi
+fi
+if ! hash_ok "$archive"; then
+  echo "[fetch-llama-cpp] error: SHA-256 of $archive is $(sha256sum "$archive" | cut -d' ' -f1)," \
+       "expected $SHA256" >&2
+  rm -f "$archive"
+  exit 1
+fi
+
+rm -rf "$DEST.part" "$DEST"
+mkdir -p "$DEST.part"
+prefix="llama_cpp_python-$VERSION/vendor/llama.cpp"
+tar xzf "$archive" -C "$DEST.part" --strip-components=3 \
+  "$prefix/CMakeLists.txt" "$prefix/cmake" "$prefix/ggml" "$prefix/src" "$prefix/include" \
+  "$prefix/vendor" "$prefix/LICENSE"
+echo "$SHA256" > "$DEST.part/.e8kv-sdist-sha256"
+mv "$DEST.part" "$DEST"
+echo "$DEST"
