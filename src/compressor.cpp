@@ -89,6 +89,28 @@ void require_finite_layer(const TensorView& v, const char* what, int layer) {
     }
 }
 
+/// Adds a layer's per-token scores, as weights that sum to 1 over the chunk, into acc (shared
+/// selection), so that no layer dominates by the scale of its scores. Attention scores are
+/// attention mass (>= 0): divided by their sum they are the layer's share of it, and a flat layer
+/// stays near-uniform (no preference) where shifting it to a minimum of 0 would blow its noise up
+/// to full weight. Scores below 0 (key-norm's −‖k‖: dividing by a negative sum would invert the
+/// order) shift the layer to a minimum of 0 first. Scores all equal (sum 0 after the shift) weigh
+/// every token alike: the layer has no preference.
+void add_normalized_scores(const std::vector<float>& scores, int layer, std::vector<double>& acc) {
+  double lo = 0.0;
+  for (size_t t = 0; t < scores.size(); ++t) {
+    if (!std::isfinite(scores[t]))
+      throw Error("compress: shared selection: non-finite score of token " + std::to_string(t) + " in layer " +
+                  std::to_string(layer));
+    lo = std::min(lo, static_cast<double>(scores[t]));
+  }
+  double sum = 0.0;
+  for (float x : scores) sum += static_cast<double>(x) - lo;
+  const double n = static_cast<double>(scores.size());
+  for (size_t t = 0; t < scores.size(); ++t)
+    acc[t] += sum > 0.0 ? (static_cast<double>(scores[t]) - lo) / sum : 1.0 / n;
+}
+
 }  // namespace
 
 std::vector<LayerRate> KVCompressor::allocate_rates(const SequenceKV& prefill, const std::vector<LayerQueries>* queries,
@@ -208,6 +230,47 @@ void KVCompressor::extend(CompressedKV& cache, const SequenceKV& chunk, const st
   so.pool_kernel = config_.pool_kernel;
   so.gqa = config_.gqa_aggregation;
   so.seed = config_.scorer_seed;
+  const bool evict = config_.eviction_rate > 0.0 && n > 0;
+  // The sequence's first `sinks` tokens are always kept (eviction) and, with fp16_sinks, pinned
+  // in fp16, whichever call brings them.
+  auto eviction_options = [&](int64_t before) {
+    select::EvictionOptions eo;
+    eo.rate = config_.eviction_rate;
+    eo.sinks = static_cast<int>(std::clamp<int64_t>(config_.sinks - before, 0, n));
+    eo.recent = config_.recent_window;
+    eo.per_head = config_.per_head_selection;
+    eo.head_aggregation = config_.head_aggregation;
+    return eo;
+  };
+
+  // Shared selection: one kept set for every layer, from the mean over layers of each layer's
+  // normalized per-token scores. Layers are scored in parallel and summed in layer order, so the
+  // set does not depend on the executor; like the rest of the plan it is made before the cache
+  // changes.
+  std::vector<int64_t> shared_set;
+  if (config_.shared_selection && evict) {
+    const int64_t before = cache.layer(0).original_tokens;
+    for (int l = 1; l < shape_.n_layers; ++l)
+      require(cache.layer(l).original_tokens == before,
+              "compress: shared selection needs every layer at the same length; layer " + std::to_string(l) + " has " +
+                  std::to_string(cache.layer(l).original_tokens) + " tokens, layer 0 " + std::to_string(before));
+    std::vector<std::vector<float>> token_scores(static_cast<size_t>(shape_.n_layers));
+    run_tasks(executor, shape_.n_layers, [&](int64_t li) {
+      const int l = static_cast<int>(li);
+      const LayerKV& kv = chunk.layers[static_cast<size_t>(l)];
+      check_layer_view(kv.keys, shape_, n, "keys", l);
+      require_finite_layer(kv.keys, "keys", l);  // before scoring: the error names the element
+      const LayerQueries* lq = queries ? &(*queries)[static_cast<size_t>(l)] : nullptr;
+      const auto scores = select::score_layer(kv.keys, pos.data(), lq, so, cache.layout().effective_softmax_scale());
+      token_scores[static_cast<size_t>(l)] = select::aggregate_heads(scores, config_.head_aggregation);
+    });
+    std::vector<double> acc(static_cast<size_t>(n), 0.0);
+    for (int l = 0; l < shape_.n_layers; ++l) add_normalized_scores(token_scores[static_cast<size_t>(l)], l, acc);
+    std::vector<float> mean(static_cast<size_t>(n));
+    for (int64_t t = 0; t < n; ++t)
+      mean[static_cast<size_t>(t)] = static_cast<float>(acc[static_cast<size_t>(t)] / shape_.n_layers);
+    shared_set = select::select_tokens(mean, eviction_options(before));
+  }
 
   // Plan every layer (validation, selection, fp16 rounding, the codes of every flush) before the
   // cache changes: a failure in any layer leaves the cache exactly as it was.
@@ -226,18 +289,12 @@ void KVCompressor::extend(CompressedKV& cache, const SequenceKV& chunk, const st
         require(last < pos[0], "compress: chunk position " + std::to_string(pos[0]) +
                                    " must follow the cache's last position " + std::to_string(last));
       }
-    // The sequence's first `sinks` tokens are always kept (eviction) and, with fp16_sinks, pinned
-    // in fp16, whichever call brings them.
-    const int64_t before = ld.original_tokens;
-    const int64_t sinks_here = std::clamp<int64_t>(config_.sinks - before, 0, n);
-    select::EvictionOptions eo;
-    eo.rate = config_.eviction_rate;
-    eo.sinks = static_cast<int>(sinks_here);
-    eo.recent = config_.recent_window;
-    eo.per_head = config_.per_head_selection;
-    eo.head_aggregation = config_.head_aggregation;
+    const select::EvictionOptions eo = eviction_options(ld.original_tokens);
+    const int64_t sinks_here = eo.sinks;
     std::vector<std::vector<int64_t>> sets;
-    if (config_.eviction_rate > 0.0 && n > 0) {
+    if (evict && config_.shared_selection) {
+      sets.assign(1, shared_set);
+    } else if (evict) {
       const LayerQueries* lq = queries ? &(*queries)[static_cast<size_t>(l)] : nullptr;
       const auto scores = select::score_layer(kv.keys, pos.data(), lq, so, cache.layout().effective_softmax_scale());
       sets = select::select_layer(scores, eo);

@@ -147,6 +147,10 @@ void Config::validate(const ModelShape& shape) const {
   if (rate_budget != 0.0 && !layer_rates.empty())
     throw Error("Config.rate_budget (spec key 'budget') and Config.layer_rates both set; accepted: one of them (the "
                 "budget chooses the per-layer codes itself)");
+  if (shared_selection && per_head_selection)
+    throw Error(
+        "Config.shared_selection (spec key 'shared') and Config.per_head_selection (spec key 'per_head') "
+        "both set; accepted: one of them (a kept set for the whole model, or one per KV head)");
   if (rope.head_dim != shape.head_dim && rope.head_dim != 0 && rope.head_dim != 128)
     throw Error(fmt::format("Config.rope.head_dim is {}, the model's head_dim {}; accepted: {}, 0 or 128 (the "
                             "layout always uses the model's)",

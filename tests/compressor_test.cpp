@@ -11,6 +11,7 @@
 #include "e8kv/compressor.hpp"
 #include "e8kv/entropy/container.hpp"
 #include "e8kv/numeric/half.hpp"
+#include "e8kv/parallel.hpp"
 #include "testing/synthetic_kv.hpp"
 #include "testing/kv_fixture.hpp"
 #include "testing/test_util.hpp"
@@ -655,6 +656,132 @@ TEST(Compressor, ExtendNeverRequantizesEarlierTokens) {
   const int64_t k1 = select::kept_count(m, eo);
   eo.sinks = 0;
   EXPECT_EQ(cache.stored_tokens(0), k1 + select::kept_count(spec.tokens - m, eo));
+}
+
+// Shared selection, brute force: the positions every layer keeps of `chunk` (`before` tokens
+// already in the cache), from score_layer and aggregate_heads per layer, each layer's per-token
+// scores shifted to a minimum of 0 when some are negative and divided by their sum (uniform when
+// that is 0), the mean over layers in double, then select_tokens once.
+std::vector<int32_t> shared_reference(const SequenceKV& chunk, const std::vector<LayerQueries>& queries,
+                                      const Config& cfg, int64_t before, float softmax_scale) {
+  const int64_t n = chunk.tokens();
+  std::vector<int32_t> pos(static_cast<size_t>(n));
+  for (int64_t t = 0; t < n; ++t) pos[static_cast<size_t>(t)] = chunk.position(t);
+  select::ScorerOptions so;
+  so.kind = cfg.scorer;
+  so.window = cfg.obs_window;
+  so.pool_kernel = cfg.pool_kernel;
+  so.gqa = cfg.gqa_aggregation;
+  so.seed = cfg.scorer_seed;
+  std::vector<double> mean(static_cast<size_t>(n), 0.0);
+  for (size_t l = 0; l < chunk.layers.size(); ++l) {
+    const auto per_token = select::aggregate_heads(
+        select::score_layer(chunk.layers[l].keys, pos.data(), &queries[l], so, softmax_scale), cfg.head_aggregation);
+    const double lo = std::min(0.0, static_cast<double>(*std::min_element(per_token.begin(), per_token.end())));
+    double sum = 0;
+    for (float x : per_token) sum += x - lo;
+    for (int64_t t = 0; t < n; ++t)
+      mean[static_cast<size_t>(t)] += sum > 0 ? (per_token[static_cast<size_t>(t)] - lo) / sum : 1.0 / n;
+  }
+  std::vector<float> avg(static_cast<size_t>(n));
+  for (int64_t t = 0; t < n; ++t)
+    avg[static_cast<size_t>(t)] = static_cast<float>(mean[static_cast<size_t>(t)] / chunk.layers.size());
+  select::EvictionOptions eo;
+  eo.rate = cfg.eviction_rate;
+  eo.sinks = static_cast<int>(std::clamp<int64_t>(cfg.sinks - before, 0, n));
+  eo.recent = cfg.recent_window;
+  std::vector<int32_t> kept;
+  for (int64_t t : select::select_tokens(avg, eo)) kept.push_back(pos[static_cast<size_t>(t)]);
+  return kept;
+}
+
+// shared=1: every layer keeps the same tokens, the brute-force reference's, with the sinks, the
+// recent window and the kept count of a per-layer selection; the same cache with a thread pool.
+// Key-norm scores are negative (the shift), key-key with head_agg=max a third path.
+TEST(Compressor, SharedSelectionKeepsOneSetForEveryLayer) {
+  auto spec = default_spec(160);
+  spec.n_layers = 4;
+  Fixture f(spec);
+  const int64_t n = spec.tokens;
+  ThreadPool pool(2);
+  for (const char* spec_string : {"preset=high,shared=1", "preset=high,shared=1,scorer=key-norm",
+                                  "preset=max,shared=1,scorer=key-key,head_agg=max,sinks=6,recent=20"}) {
+    SCOPED_TRACE(spec_string);
+    const Config cfg = Config::parse(spec_string);
+    ASSERT_TRUE(cfg.shared_selection);
+    KVCompressor c(f.shape, cfg);
+    const auto cache = c.compress(f.seq, &f.queries);
+    const auto want = shared_reference(f.seq, f.queries, cfg, 0, cache.layout().effective_softmax_scale());
+    select::EvictionOptions eo;
+    eo.rate = cfg.eviction_rate;
+    eo.sinks = cfg.sinks;
+    eo.recent = cfg.recent_window;
+    ASSERT_EQ(static_cast<int64_t>(want.size()), select::kept_count(n, eo));
+    ASSERT_LT(static_cast<int64_t>(want.size()), n);
+    for (int s = 0; s < cfg.sinks; ++s) EXPECT_EQ(want[static_cast<size_t>(s)], s);
+    for (int r = 0; r < cfg.recent_window; ++r)
+      EXPECT_EQ(want[want.size() - static_cast<size_t>(cfg.recent_window - r)], n - cfg.recent_window + r);
+    for (int l = 0; l < spec.n_layers; ++l) {
+      EXPECT_EQ(cache.stored_positions(l), want) << "layer " << l;
+      EXPECT_EQ(cache.layer(l).pinned, cfg.sinks) << "layer " << l;  // fp16 sinks as without the flag
+      for (int h = 0; h < spec.n_kv_heads; ++h) EXPECT_EQ(cache.stored_tokens(l, h), static_cast<int64_t>(want.size()));
+    }
+    // Without the flag the layers choose differently on this input (so the test above means something).
+    Config per_layer = cfg;
+    per_layer.shared_selection = false;
+    const auto own = KVCompressor(f.shape, per_layer).compress(f.seq, &f.queries);
+    int differing = 0;
+    for (int l = 1; l < spec.n_layers; ++l) differing += own.stored_positions(l) != own.stored_positions(0) ? 1 : 0;
+    EXPECT_GE(differing, 1) << "every layer keeps the same tokens even without shared selection";
+    // Threads change nothing: scored in parallel, combined in layer order.
+    EXPECT_EQ(entropy::serialize(c.compress(f.seq, &f.queries, &pool)), entropy::serialize(cache));
+  }
+}
+
+// extend() selects the new chunk's kept set for the whole model too (earlier tokens stay as they
+// are; only the chunk is evicted from, as without the flag). Layers of different lengths (an
+// append to one layer only) cannot share a selection: refused, the cache unchanged.
+TEST(Compressor, SharedSelectionAppliesToExtend) {
+  auto spec = default_spec(161);
+  spec.n_layers = 3;
+  Fixture f(spec);
+  const Config cfg = Config::parse("preset=high,shared=1");
+  KVCompressor c(f.shape, cfg);
+  const int m = 150;
+  SequenceKV first, second;
+  for (const auto& kv : f.seq.layers) {
+    first.layers.push_back({kv.keys.token_slice(0, m), kv.values.token_slice(0, m)});
+    second.layers.push_back({kv.keys.token_slice(m, spec.tokens - m), kv.values.token_slice(m, spec.tokens - m)});
+  }
+  second.first_position = m;
+  ThreadPool pool(2);
+  auto cache = c.compress(first, &f.queries);
+  auto threaded = c.compress(first, &f.queries, &pool);
+  c.extend(cache, second, &f.queries);
+  c.extend(threaded, second, &f.queries, &pool);
+  const float scale = cache.layout().effective_softmax_scale();
+  auto want = shared_reference(first, f.queries, cfg, 0, scale);
+  const auto want_second = shared_reference(second, f.queries, cfg, m, scale);
+  want.insert(want.end(), want_second.begin(), want_second.end());
+  for (int l = 0; l < spec.n_layers; ++l) EXPECT_EQ(cache.stored_positions(l), want) << "layer " << l;
+  EXPECT_EQ(entropy::serialize(threaded), entropy::serialize(cache));
+
+  auto uneven = c.compress(first, &f.queries);
+  const int H = spec.n_kv_heads, d = spec.head_dim;
+  const size_t at = static_cast<size_t>(m) * H * d;
+  c.append(uneven, 0, &f.data.keys[0][at], &f.data.values[0][at], m);  // layer 0 only
+  const auto before = entropy::serialize(uneven);
+  SequenceKV third = second;
+  const int64_t rest = spec.tokens - m - 1;
+  for (auto& kv : third.layers) kv = {kv.keys.token_slice(1, rest), kv.values.token_slice(1, rest)};
+  third.first_position = m + 1;
+  try {
+    c.extend(uneven, third, &f.queries);
+    ADD_FAILURE() << "extend of a shared selection over layers of different lengths did not throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("same length"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(entropy::serialize(uneven), before);
 }
 
 TEST(Compressor, BytesEqualHandComputedFormula) {

@@ -64,6 +64,7 @@ void expect_config_eq(const Config& a, const Config& b, const std::string& where
   EXPECT_EQ(a.gqa_aggregation, b.gqa_aggregation);
   EXPECT_EQ(a.head_aggregation, b.head_aggregation);
   EXPECT_EQ(a.per_head_selection, b.per_head_selection);
+  EXPECT_EQ(a.shared_selection, b.shared_selection);
   EXPECT_EQ(a.scorer_seed, b.scorer_seed);
   EXPECT_EQ(a.residual_length, b.residual_length);
   EXPECT_EQ(a.flush_block, b.flush_block);
@@ -93,7 +94,7 @@ TEST(ConfigFields, ExpectConfigEqCoversEveryField) {
     select::ScorerKind scorer;
     int obs_window, pool_kernel;
     select::Aggregation gqa_aggregation, head_aggregation;
-    bool per_head_selection;
+    bool per_head_selection, shared_selection;
     uint64_t scorer_seed;
     int residual_length, flush_block;
     bool fp16_sinks, center;
@@ -181,6 +182,7 @@ Config random_config(std::mt19937_64& rng, const ModelShape& shape) {
   c.gqa_aggregation = static_cast<select::Aggregation>(pick(2));
   c.head_aggregation = static_cast<select::Aggregation>(pick(2));
   c.per_head_selection = pick(2) == 1;
+  c.shared_selection = !c.per_head_selection && pick(2) == 1;  // the two exclude each other
   c.scorer_seed = rng() >> pick(64);
   c.residual_length = pick(1000);
   c.flush_block = 1 + pick(256);
@@ -281,9 +283,10 @@ TEST(ConfigParse, SeedsAreUnsigned64BitIntegers) {
 }
 
 TEST(ConfigParse, RejectsMalformedValuesWithTheFieldName) {
-  for (const char* bad : {"sinks=-1", "sinks=abc", "sinks=1.5", "sinks=99999999999", "evict=abc", "evict=1",
-                          "evict=nan", "key_scale=0", "key_scale=inf", "pool=4", "gain_bits=12", "flush=0",
-                          "mean_tokens=0", "per_head=2", "center=yes please", "gqa=median", "rope=sideways"}) {
+  for (const char* bad :
+       {"sinks=-1", "sinks=abc", "sinks=1.5", "sinks=99999999999", "evict=abc", "evict=1", "evict=nan", "key_scale=0",
+        "key_scale=inf", "pool=4", "gain_bits=12", "flush=0", "mean_tokens=0", "per_head=2", "shared=2",
+        "center=yes please", "gqa=median", "rope=sideways"}) {
     const std::string s = bad;
     expect_error([&] { Config::parse(s); }, s.substr(0, s.find('=')), s);
   }
@@ -291,6 +294,26 @@ TEST(ConfigParse, RejectsMalformedValuesWithTheFieldName) {
   expect_error([] { Config::parse("key=e8p5"); }, "accepted");
   expect_error([] { Config::parse("sinks=1,sinks=2"); }, "twice");
   expect_error([] { Config::parse("sinks"); }, "key=value");
+}
+
+TEST(ConfigParse, SharedSelection) {
+  EXPECT_FALSE(Config().shared_selection);
+  EXPECT_FALSE(Config::parse("preset=high").shared_selection);
+  const Config c = Config::parse("preset=high,shared=1");
+  EXPECT_TRUE(c.shared_selection);
+  EXPECT_FALSE(Config::parse("shared=0").shared_selection);
+  const std::string d = c.describe();
+  EXPECT_NE(d.find("shared=1"), std::string::npos) << d;
+  EXPECT_NE(Config().describe().find("shared=0"), std::string::npos);
+  expect_config_eq(c, Config::parse(d), d);
+  const ModelShape shape{2, 2, 4, 64};
+  EXPECT_NO_THROW(c.validate(shape));
+  // One kept set for the model and one per KV head exclude each other; the message names both.
+  const Config both = Config::parse("preset=high,shared=1,per_head=1");
+  expect_error([&] { both.validate(shape); }, "'shared'");
+  expect_error([&] { both.validate(shape); }, "'per_head'");
+  expect_error([&] { KVCompressor(shape, both); }, "shared_selection");
+  expect_error([&] { make_layout(both, shape); }, "per_head_selection");
 }
 
 TEST(ConfigValidate, UnknownEnumIdsAreRejected) {

@@ -65,6 +65,14 @@ struct Config {
   select::Aggregation gqa_aggregation = select::Aggregation::kMean;
   select::Aggregation head_aggregation = select::Aggregation::kMean;
   bool per_head_selection = false;
+  /// One kept set for the whole model: every layer keeps the same tokens of a compress / extend
+  /// chunk (engines whose KV cells are shared by all layers, as llama.cpp's, can only restore
+  /// such a cache). Each layer's per-token scores (KV heads combined by head_aggregation) are
+  /// normalized to sum 1 over the chunk, shifted to a minimum of 0 first when some are negative
+  /// (key-norm scores are −‖k‖; a layer whose scores are all equal weighs every token alike),
+  /// then averaged over layers; the set is selected once from that average. Excludes
+  /// per_head_selection.
+  bool shared_selection = false;
   uint64_t scorer_seed = 0;
 
   // Residual fp16 window for appended tokens, flushed into codes in whole blocks.
@@ -96,8 +104,9 @@ struct Config {
   ///   key, value (codecs: fp16, e8p2, rvq3, rvq4, ball3, ball4, vor2..4, lm2..4), evict, sinks,
   ///   recent, scorer (obs-window, multi-window, key-key, streaming, random, key-norm), window,
   ///   pool, protect, rope (pre | post), key_gain, value_gain (ls, norm, unbiased), key_scale,
-  ///   value_scale, residual, flush, per_head, fp16_sinks, center, mean_tokens, qweight,
-  ///   gain_bits, gqa (mean | max), head_agg, scorer_seed, seed (rotation_seed), softmax_scale,
+  ///   value_scale, residual, flush, per_head, shared (shared_selection), fp16_sinks, center,
+  ///   mean_tokens, qweight, gain_bits, gqa (mean | max), head_agg, scorer_seed, seed
+  ///   (rotation_seed), softmax_scale,
   ///   layer_rates (key/value per layer, ';' between layers), budget (rate_budget), rope_layout (split-half |
   ///   interleaved), rope_scaling (none, linear, dynamic, llama3, yarn), rope_head_dim,
   ///   rope_dim, rope_original_max_position, rope_theta, rope_factor, rope_low_freq_factor,
