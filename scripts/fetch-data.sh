@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Fetches everything the real-model evaluation needs into ${E8KV_CACHE:-$HOME/.cache/e8kv}
-# (model: scripts/fetch-model.sh, text: scripts/fetch-text.sh) and prints the paths.
+# Fetches everything the real-model evaluation and tests need into ${E8KV_CACHE:-$HOME/.cache/e8kv}
+# (model: scripts/fetch-model.sh, text: scripts/fetch-text.sh, llama.cpp's source for the adapter's
+# engine tests: scripts/fetch-llama-cpp.sh) and prints the paths.
 # Idempotent: a second run only checks hashes.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 bash "$here/fetch-model.sh"
 bash "$here/fetch-text.sh"
+bash "$here/fetch-llama-cpp.sh"

@@ -6,6 +6,8 @@
 # include vendor LICENSE). integrations/llama.cpp builds it (GGML_NATIVE=OFF).
 # Idempotent: nothing is downloaded when the tree is there with the recorded hash.
 # Cache: ${E8KV_CACHE:-$HOME/.cache/e8kv}/llama.cpp/
+#   scripts/fetch-llama-cpp.sh --print-path   prints the tree's path if it is fetched (else nothing);
+#                                             downloads nothing (scripts/env.sh uses it)
 set -euo pipefail
 
 PACKAGE="llama-cpp-python"
@@ -24,6 +26,7 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$SHA256" ] && [ -f "$DEST/CMakeList
   echo "$DEST"
   exit 0
 fi
+[ "${1:-}" = "--print-path" ] && exit 0
 
 mkdir -p "$ROOT"
 hash_ok() { [ -f "$1" ] && [ "$(sha256sum "$1" | cut -d' ' -f1)" = "$SHA256" ]; }

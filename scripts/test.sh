@@ -6,6 +6,10 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 bash "$E8KV_ROOT/scripts/setup.sh"
+if [ "${E8KV_REQUIRE_DATA:-}" = 1 ] && [ -z "$E8KV_LLAMA_CPP_SOURCE" ]; then
+  echo "[test] error: E8KV_REQUIRE_DATA=1 and llama.cpp's source is not fetched (scripts/fetch-data.sh)" >&2
+  exit 1
+fi
 E8KV_TARGETS=()
 configure_and_build
 cd "$E8KV_BUILD"

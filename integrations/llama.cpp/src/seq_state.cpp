@@ -1,6 +1,8 @@
 // llama.cpp sequence state bytes <-> SeqState (format: llama_cpp/seq_state.hpp).
 #include "e8kv/llama_cpp/seq_state.hpp"
 
+#include <cstring>
+
 #include "byte_cursor.hpp"
 #include "e8kv/error.hpp"
 
@@ -136,6 +138,12 @@ std::vector<uint8_t> write_seq_state(const SeqState& state, const SeqStateOption
     }
   }
   return std::move(w.out);
+}
+
+size_t seq_data_frame_bytes(const uint8_t* data, size_t size) {
+  uint32_t magic = 0;
+  if (data != nullptr && size >= kSeqDataFrameBytes) std::memcpy(&magic, data, 4);
+  return magic == kSeqDataMagic ? kSeqDataFrameBytes : 0;
 }
 
 size_t seq_state_kv_bytes(const SeqState& state) {

@@ -276,12 +276,18 @@ SequenceKV sequence_of(const SeqStateStream& S, const std::vector<int32_t>& sort
 std::vector<uint8_t> compress_seq_state(const uint8_t* state, size_t size, const KVCompressor& compressor,
                                         const StateCompressOptions& options) {
   const ModelShape& shape = compressor.shape();
+  // llama_state_seq_get_data's frame (magic, sequence id) comes back verbatim, like a slot file's head.
+  const size_t frame = seq_data_frame_bytes(state, size);
+  std::vector<uint8_t> prefix = options.prefix;
+  prefix.insert(prefix.end(), state, state + frame);
+  state += frame;
+  size -= frame;
   const SeqState st = parse_seq_state(state, size);
   uint32_t stream = 0;
   const SeqStateStream& S = cells_stream(st, shape, &stream);
   std::vector<int32_t> sorted;
   const std::vector<uint32_t> order = sorted_order(S.positions, &sorted);
-  const Header h = header_of(st, S, stream, order, options.prefix);
+  const Header h = header_of(st, S, stream, order, prefix);
   std::vector<LayerRows> rows;
   const SequenceKV seq = sequence_of(S, sorted, order, shape, 0, static_cast<int64_t>(S.cells()), &rows);
   const CompressedKV cache = compressor.compress(seq, options.queries, options.executor);
@@ -296,7 +302,8 @@ std::vector<uint8_t> extend_compressed_state(const uint8_t* packed, size_t packe
   entropy::DeserializeOptions dopt;
   CompressedKV cache = entropy::deserialize(packed + c_off, c_size, dopt);
   const ModelShape& shape = compressor.shape();
-  const SeqState st = parse_seq_state(state, size);
+  const size_t frame = seq_data_frame_bytes(state, size);
+  const SeqState st = parse_seq_state(state + frame, size - frame);
   uint32_t stream = 0;
   const SeqStateStream& S = cells_stream(st, shape, &stream);
   if (st.streams.size() != h.n_stream || stream != h.stream || S.v_trans != h.v_trans)

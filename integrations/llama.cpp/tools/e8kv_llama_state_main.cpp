@@ -106,8 +106,8 @@ int run(int argc, char** argv) {
                                                      compressor);
     }
     write_all(files.back(), out);
-    std::printf("%s: %zu bytes of llama.cpp state -> %zu bytes (%.2fx smaller, every byte counted) with %s\n",
-                files.back().c_str(), state_bytes, out.size(), static_cast<double>(in.size()) / out.size(),
+    std::printf("%s: %zu bytes (%zu of them the KV state) -> %zu bytes, %.2fx smaller (every byte counted), %s\n",
+                files.back().c_str(), in.size(), state_bytes, out.size(), static_cast<double>(in.size()) / out.size(),
                 spec.c_str());
     return 0;
   }

@@ -1,6 +1,7 @@
 // llama.cpp's sequence state, as bytes: what llama_state_seq_get_data() returns and
-// llama_state_seq_set_data() takes (and what a slot file of llama-server holds after its token
-// list), parsed into cells and K/V rows and written back byte for byte.
+// llama_state_seq_set_data() takes after their 8-byte frame (u32 magic 0xaf143cd8, i32 sequence
+// id), and what a slot file of llama-server holds after its token list; parsed into cells and K/V
+// rows and written back byte for byte.
 //
 // The format is that of llama.cpp commit 0c1e57098bba (ggml 0.25.3; PyPI llama-cpp-python 0.3.36,
 // scripts/fetch-llama-cpp.sh), llama_kv_cache::state_write with a sequence id:
@@ -75,6 +76,13 @@ SeqState parse_seq_state(const uint8_t* data, size_t size, const SeqStateOptions
 
 /// The bytes llama.cpp would write for `state` (parse_seq_state's inverse, byte for byte).
 std::vector<uint8_t> write_seq_state(const SeqState& state, const SeqStateOptions& options = {});
+
+/// llama_state_seq_get_data's frame: u32 magic, i32 sequence id, then the state.
+inline constexpr uint32_t kSeqDataMagic = 0xaf143cd8u;
+inline constexpr size_t kSeqDataFrameBytes = 8;
+/// kSeqDataFrameBytes when `data` starts with llama_state_seq_get_data's frame, else 0 (a bare
+/// state starts with n_stream <= 256, never the magic).
+size_t seq_data_frame_bytes(const uint8_t* data, size_t size);
 
 /// Bytes of K and V rows in the state (what an fp16 cache of these cells holds), and all bytes.
 size_t seq_state_kv_bytes(const SeqState& state);

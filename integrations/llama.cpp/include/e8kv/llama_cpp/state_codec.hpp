@@ -52,7 +52,8 @@ struct StateCompressOptions {
   std::vector<uint8_t> prefix;
 };
 
-/// Compresses one sequence state (bytes of llama_state_seq_get_data) with `compressor`.
+/// Compresses one sequence state with `compressor`: the bytes of llama_state_seq_get_data (their
+/// 8-byte frame is kept and restored verbatim) or a bare state (seq_state.hpp).
 std::vector<uint8_t> compress_seq_state(const uint8_t* state, size_t size, const KVCompressor& compressor,
                                         const StateCompressOptions& options = {});
 

@@ -1,0 +1,377 @@
+// e8kv::llama_cpp against a real llama.cpp (libllama built from the pinned source) and the real
+// model (SmolLM2-135M, scripts/fetch-data.sh): sequence states saved with flash attention on and
+// off come back byte for byte through the lossless preset and decode the same logits; quantized
+// presets restore into llama.cpp and decode within stated KL bounds; position holes survive; a
+// slot file saved by llama.cpp goes through the e8kv-llama-state tool and loads back.
+// main() is examples/llama/tests/model_test_main.cpp: exit 77 (skipped) without the model.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "e8kv/error.hpp"
+#include "e8kv/llama/model.hpp"
+#include "e8kv/llama_cpp/state_codec.hpp"
+#include "llama.h"
+#include "model_kv.hpp"
+
+namespace e8kv::llama_cpp {
+namespace {
+
+struct ModelDeleter {
+  void operator()(llama_model* m) const { llama_model_free(m); }
+};
+struct ContextDeleter {
+  void operator()(llama_context* c) const { llama_free(c); }
+};
+using ModelPtr = std::unique_ptr<llama_model, ModelDeleter>;
+using ContextPtr = std::unique_ptr<llama_context, ContextDeleter>;
+
+const char* kText =
+    "The lighthouse keeper wrote in his log every evening. On the first of March the wind came from the "
+    "north-east and the sea was grey. Two fishing boats returned late, and the younger captain, whose name "
+    "was Elena Brandt, said the nets had caught almost nothing but weed. The keeper noted the barometer at "
+    "1012 hectopascals, falling slowly. In the morning he repaired the lamp's clockwork, which had lost "
+    "eleven minutes overnight, and he oiled the gears with the last of the whale oil from the storeroom. "
+    "A letter from the harbour master asked whether the fog signal could be tested on Thursday. He replied "
+    "that the compressor was worn and that a new one had been ordered from the mainland in January. "
+    "On Friday the supply boat brought flour, paraffin, two crates of apples and a newspaper that was nine "
+    "days old. The keeper read that the railway would reach the northern villages by the autumn, and that "
+    "the price of coal had risen again. He counted the paraffin cans twice, because the last delivery had "
+    "been short by three, and he wrote the number in red ink: fourteen. That night the beam turned every "
+    "twelve seconds as it always had, and the captain's boat passed the point at a quarter past ten.";
+
+// Post-RoPE queries of every layer, captured through cb_eval: the last tensor named "Qcur-<layer>"
+// of a layer's graph is its query after RoPE ([head_dim, n_head, tokens], contiguous f32).
+struct QueryCapture {
+  std::vector<std::vector<float>> layers;  // [tokens, n_head, head_dim] of the last decode
+  static bool callback(ggml_tensor* t, bool ask, void* user) {
+    const char* name = ggml_get_name(t);
+    int layer = -1;
+    if (std::sscanf(name, "Qcur-%d", &layer) != 1 || std::strncmp(name, "Qcur-", 5) != 0) return !ask ? true : false;
+    if (ask) return t->type == GGML_TYPE_F32;
+    auto* self = static_cast<QueryCapture*>(user);
+    if (layer >= 0 && static_cast<size_t>(layer) < self->layers.size() && ggml_is_contiguous(t)) {
+      auto& out = self->layers[static_cast<size_t>(layer)];
+      out.resize(static_cast<size_t>(ggml_nelements(t)));
+      ggml_backend_tensor_get(t, out.data(), 0, ggml_nbytes(t));
+    }
+    return true;
+  }
+};
+
+class Engine : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    llama_backend_init();
+    llama_log_set([](ggml_log_level level, const char* text, void*) {
+      if (level == GGML_LOG_LEVEL_ERROR) std::fputs(text, stderr);
+    }, nullptr);
+    model_path_ = llama::default_model_path();
+    llama_model_params mp = llama_model_default_params();
+    model_.reset(llama_model_load_from_file(model_path_.c_str(), mp));
+    ASSERT_NE(model_, nullptr) << "llama.cpp could not load " << model_path_;
+    const llama_vocab* vocab = llama_model_get_vocab(model_.get());
+    std::vector<llama_token> t(4096);
+    const int n = llama_tokenize(vocab, kText, static_cast<int32_t>(std::strlen(kText)), t.data(),
+                                 static_cast<int32_t>(t.size()), true, false);
+    ASSERT_GE(n, 200);
+    t.resize(static_cast<size_t>(n));
+    tokens_ = t;
+    model_kv_ = read_model_kv(model_path_);
+  }
+  static void TearDownTestSuite() {
+    model_.reset();
+    llama_backend_free();
+  }
+
+  static ContextPtr context(bool flash_attn, ggml_type kv_type = GGML_TYPE_F16, QueryCapture* capture = nullptr) {
+    llama_context_params cp = llama_context_default_params();
+    cp.n_ctx = 512;
+    cp.n_batch = 512;
+    cp.n_ubatch = 512;
+    cp.n_seq_max = 1;
+    cp.n_threads = cp.n_threads_batch = 2;
+    cp.flash_attn_type = flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    cp.type_k = cp.type_v = kv_type;
+    cp.no_perf = true;
+    if (capture != nullptr) {
+      cp.cb_eval = &QueryCapture::callback;
+      cp.cb_eval_user_data = capture;
+    }
+    ContextPtr c(llama_init_from_model(model_.get(), cp));
+    if (!c) ADD_FAILURE() << "llama_init_from_model failed";
+    return c;
+  }
+
+  // Decodes tokens at the sequence's next positions; returns the logits of every token.
+  static std::vector<float> decode(llama_context* ctx, const std::vector<llama_token>& toks, llama_pos first) {
+    llama_batch b = llama_batch_init(static_cast<int32_t>(toks.size()), 0, 1);
+    for (size_t i = 0; i < toks.size(); ++i) {
+      b.token[i] = toks[i];
+      b.pos[i] = first + static_cast<llama_pos>(i);
+      b.n_seq_id[i] = 1;
+      b.seq_id[i][0] = 0;
+      b.logits[i] = 1;
+    }
+    b.n_tokens = static_cast<int32_t>(toks.size());
+    const int rc = llama_decode(ctx, b);
+    llama_batch_free(b);
+    EXPECT_EQ(rc, 0) << "llama_decode";
+    const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model_.get()));
+    std::vector<float> out;
+    for (size_t i = 0; i < toks.size(); ++i) {
+      const float* l = llama_get_logits_ith(ctx, static_cast<int32_t>(i));
+      out.insert(out.end(), l, l + n_vocab);
+    }
+    return out;
+  }
+
+  static std::vector<uint8_t> state(llama_context* ctx) {
+    std::vector<uint8_t> s(llama_state_seq_get_size(ctx, 0));
+    EXPECT_EQ(llama_state_seq_get_data(ctx, s.data(), s.size(), 0), s.size());
+    return s;
+  }
+
+  // The prompt's first `prefill` tokens decoded, the rest kept as the continuation.
+  struct Run {
+    ContextPtr ctx;
+    std::vector<uint8_t> state;
+    std::vector<llama_token> continuation;
+    llama_pos next = 0;
+    // Observation queries: the prefill's last kWindow tokens, every layer (post-RoPE).
+    static constexpr int kWindow = 32;
+    std::vector<std::vector<float>> query_rows;
+    std::vector<int32_t> query_positions;
+    std::vector<LayerQueries> queries;
+  };
+  static Run prefill(bool flash_attn, size_t prefill, size_t continuation) {
+    Run r;
+    // Queries are captured in a context of their own: cb_eval splits the graph, and the states
+    // compared must come from the plain path.
+    {
+      QueryCapture cap;
+      cap.layers.resize(static_cast<size_t>(model_kv_.shape.n_layers));
+      ContextPtr qc = context(flash_attn, GGML_TYPE_F16, &cap);
+      const std::vector<llama_token> head(tokens_.begin(), tokens_.begin() + static_cast<long>(prefill));
+      decode(qc.get(), head, 0);
+      const size_t row = static_cast<size_t>(model_kv_.shape.n_q_heads * model_kv_.shape.head_dim);
+      const size_t first = prefill - Run::kWindow;
+      for (int32_t t = 0; t < Run::kWindow; ++t) r.query_positions.push_back(static_cast<int32_t>(first) + t);
+      for (const auto& q : cap.layers) {
+        EXPECT_EQ(q.size(), prefill * row) << "a layer's Qcur was not captured";
+        r.query_rows.emplace_back(q.begin() + static_cast<long>(first * row), q.begin() + static_cast<long>(prefill * row));
+      }
+      for (const auto& q : r.query_rows) {
+        LayerQueries lq;
+        lq.queries = TensorView::nhd(q.data(), DType::kF32, Run::kWindow, model_kv_.shape.n_q_heads,
+                                     model_kv_.shape.head_dim);
+        lq.positions = r.query_positions.data();
+        r.queries.push_back(lq);
+      }
+    }
+    r.ctx = context(flash_attn);
+    const std::vector<llama_token> head(tokens_.begin(), tokens_.begin() + static_cast<long>(prefill));
+    decode(r.ctx.get(), head, 0);
+    r.continuation.assign(tokens_.begin() + static_cast<long>(prefill),
+                          tokens_.begin() + static_cast<long>(prefill + continuation));
+    r.next = static_cast<llama_pos>(prefill);
+    r.state = state(r.ctx.get());
+    return r;
+  }
+
+  // Logits of the continuation after loading `st` into a fresh context.
+  static std::vector<float> continue_from(bool flash_attn, const std::vector<uint8_t>& st,
+                                          const std::vector<llama_token>& cont, llama_pos next) {
+    ContextPtr c = context(flash_attn);
+    EXPECT_GT(llama_state_seq_set_data(c.get(), st.data(), st.size(), 0), 0u) << "llama.cpp refused the state";
+    return decode(c.get(), cont, next);
+  }
+
+  static double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+    EXPECT_EQ(a.size(), b.size());
+    double m = 0;
+    for (size_t i = 0; i < a.size() && i < b.size(); ++i) m = std::max(m, std::abs(double(a[i]) - b[i]));
+    return m;
+  }
+
+  // Mean KL(p || q) of the next-token distributions, nats.
+  static double mean_kl(const std::vector<float>& p_logits, const std::vector<float>& q_logits) {
+    const size_t V = static_cast<size_t>(llama_vocab_n_tokens(llama_model_get_vocab(model_.get())));
+    const size_t n = p_logits.size() / V;
+    double total = 0;
+    for (size_t t = 0; t < n; ++t) {
+      const float* p = &p_logits[t * V];
+      const float* q = &q_logits[t * V];
+      double pm = -1e30, qm = -1e30;
+      for (size_t i = 0; i < V; ++i) pm = std::max(pm, double(p[i])), qm = std::max(qm, double(q[i]));
+      double ps = 0, qs = 0;
+      for (size_t i = 0; i < V; ++i) ps += std::exp(p[i] - pm), qs += std::exp(q[i] - qm);
+      double kl = 0;
+      for (size_t i = 0; i < V; ++i) {
+        const double lp = p[i] - pm - std::log(ps), lq = q[i] - qm - std::log(qs);
+        kl += std::exp(lp) * (lp - lq);
+      }
+      total += kl;
+    }
+    return total / static_cast<double>(n);
+  }
+
+  static KVCompressor compressor(const std::string& spec) {
+    return KVCompressor(model_kv_.shape, model_config(spec, model_kv_));
+  }
+
+  static inline ModelPtr model_;
+  static inline std::string model_path_;
+  static inline std::vector<llama_token> tokens_;
+  static inline ModelKv model_kv_;
+};
+
+TEST_F(Engine, LosslessStatesComeBackByteForByteAndDecodeTheSame) {
+  const KVCompressor c = compressor("preset=lossless");
+  for (bool fa : {true, false}) {
+    SCOPED_TRACE(fa ? "flash attention on (V rows)" : "flash attention off (V transposed)");
+    Run r = prefill(fa, 96, 16);
+    ASSERT_EQ(seq_data_frame_bytes(r.state.data(), r.state.size()), kSeqDataFrameBytes);
+    const SeqState parsed = parse_seq_state(r.state.data() + 8, r.state.size() - 8);
+    ASSERT_EQ(parsed.streams.size(), 1u);
+    EXPECT_EQ(parsed.streams[0].v_trans, !fa);
+    EXPECT_EQ(parsed.streams[0].cells(), 96u);
+    const auto packed = compress_seq_state(r.state.data(), r.state.size(), c);
+    const auto back = restore_seq_state(packed.data(), packed.size());
+    EXPECT_EQ(back, r.state);
+    const auto want = decode(r.ctx.get(), r.continuation, r.next);
+    const auto got = continue_from(fa, back, r.continuation, r.next);
+    EXPECT_LE(max_abs_diff(want, got), 1e-4);
+  }
+}
+
+TEST_F(Engine, QuantizedPresetsRestoreAndDecodeWithinKlBounds) {
+  // Bounds: mean next-token KL (nats) over 32 continuation tokens after a 160-token prefill,
+  // measured 2026-12-02 (see docs/accuracy.md) with headroom: a regression, not noise, fails.
+  struct Case {
+    const char* spec;
+    double max_kl;
+  };
+  for (bool fa : {true, false}) {
+    Run r = prefill(fa, 160, 32);
+    const auto want = decode(r.ctx.get(), r.continuation, r.next);
+    StateCompressOptions with_queries;
+    with_queries.queries = &r.queries;
+    for (const Case& cs : {Case{"preset=quant-k4v4", 0.02}, Case{"preset=quant-k3v2", 0.05},
+                           Case{"preset=quant-k2v2", 0.08}, Case{"preset=quant-k3v2,qweight=0", 0.05},
+                           Case{"preset=high,shared=1", 0.12}, Case{"preset=lossless,evict=0.35,shared=1", 0.08}}) {
+      SCOPED_TRACE(std::string(cs.spec) + (fa ? ", flash attention on" : ", flash attention off"));
+      const auto packed = compress_seq_state(r.state.data(), r.state.size(), compressor(cs.spec), with_queries);
+      const auto back = restore_seq_state(packed.data(), packed.size());
+      const auto cells = parse_seq_state(back.data() + 8, back.size() - 8).streams[0].cells();
+      EXPECT_EQ(cells, compressor(cs.spec).config().eviction_rate > 0 ? 160u - 56u : 160u);
+      const auto got = continue_from(fa, back, r.continuation, r.next);
+      const double kl = mean_kl(want, got);
+      std::printf("%-40s FA %-3s  %zu -> %zu bytes (%.2fx), %zu cells  KL %.4f\n", cs.spec, fa ? "on" : "off",
+                  r.state.size(), packed.size(), static_cast<double>(r.state.size()) / packed.size(), cells, kl);
+      EXPECT_LT(kl, cs.max_kl);
+    }
+  }
+}
+
+// llama.cpp's own quantized KV caches on the same tokens, for docs/accuracy.md: not the same
+// protocol (the prefill itself runs over the quantized cache, llama.cpp rotates q4_0/q8_0 K/V with
+// its Hadamard), printed beside e8kv's rows; the test checks only that llama.cpp ran.
+TEST_F(Engine, LlamaCppQuantizedCachesForComparison) {
+  Run f16 = prefill(true, 160, 32);
+  const auto want = decode(f16.ctx.get(), f16.continuation, f16.next);
+  for (ggml_type t : {GGML_TYPE_Q8_0, GGML_TYPE_Q4_0}) {
+    ContextPtr c = context(true, t);
+    const std::vector<llama_token> head(tokens_.begin(), tokens_.begin() + 160);
+    decode(c.get(), head, 0);
+    const size_t bytes = state(c.get()).size();
+    const double kl = mean_kl(want, decode(c.get(), f16.continuation, f16.next));
+    std::printf("llama.cpp %-4s KV cache (in memory)   FA on   %zu bytes of state (%.2fx), 160 cells  KL %.4f\n",
+                ggml_type_name(t), bytes, static_cast<double>(f16.state.size()) / bytes, kl);
+    EXPECT_TRUE(std::isfinite(kl));
+    EXPECT_LT(bytes, f16.state.size());
+  }
+}
+
+TEST_F(Engine, PositionHolesSurvive) {
+  Run r = prefill(true, 120, 8);
+  ASSERT_TRUE(llama_memory_seq_rm(llama_get_memory(r.ctx.get()), 0, 30, 50));
+  const auto st = state(r.ctx.get());
+  const SeqState parsed = parse_seq_state(st.data() + 8, st.size() - 8);
+  ASSERT_EQ(parsed.streams[0].cells(), 100u);
+  const auto packed = compress_seq_state(st.data(), st.size(), compressor("preset=lossless"));
+  const auto back = restore_seq_state(packed.data(), packed.size());
+  EXPECT_EQ(back, st);
+  // The reference is llama.cpp's own restore of the uncompressed state. (The live context, which
+  // keeps the removed cells as masked gaps, decodes differently from either restore: up to 1 logit,
+  // KL 0.003 here; that is llama.cpp's restore, not e8kv's, and is printed, not tested.)
+  const auto want = continue_from(true, st, r.continuation, r.next);
+  const auto live = decode(r.ctx.get(), r.continuation, r.next);
+  const auto got = continue_from(true, back, r.continuation, r.next);
+  std::printf("holes: max |logit difference| against llama.cpp's restore %.2g; against the live context %.2g "
+              "(KL %.2g)\n", max_abs_diff(want, got), max_abs_diff(live, got), mean_kl(live, got));
+  EXPECT_LE(max_abs_diff(want, got), 1e-4);
+}
+
+TEST_F(Engine, QuantizedCacheTypesAreRefusedByName) {
+  ContextPtr c = context(true, GGML_TYPE_Q8_0);
+  const std::vector<llama_token> head(tokens_.begin(), tokens_.begin() + 40);
+  decode(c.get(), head, 0);
+  const auto st = state(c.get());
+  try {
+    compress_seq_state(st.data(), st.size(), compressor("preset=quant-k3v2"));
+    FAIL() << "a q8_0 state was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("q8_0"), std::string::npos) << e.what();
+  }
+}
+
+std::vector<uint8_t> read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::vector<uint8_t>((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+TEST_F(Engine, SlotFilesGoThroughTheToolAndLoadBack) {
+  const char* tool_env = std::getenv("E8KV_LLAMA_STATE_TOOL");  // set by ctest (CMakeLists.txt)
+  ASSERT_TRUE(tool_env != nullptr && *tool_env) << "E8KV_LLAMA_STATE_TOOL must name the e8kv-llama-state binary";
+  const std::string g_state_tool = tool_env;
+  Run r = prefill(true, 128, 8);
+  const std::string dir = ::testing::TempDir();
+  const std::string slot = dir + "/e8kv_slot.bin", packed = dir + "/e8kv_slot.e8kv", back = dir + "/e8kv_slot.back";
+  const std::vector<llama_token> prompt(tokens_.begin(), tokens_.begin() + 128);
+  ASSERT_GT(llama_state_seq_save_file(r.ctx.get(), slot.c_str(), 0, prompt.data(), prompt.size()), 0u);
+  const auto want = decode(r.ctx.get(), r.continuation, r.next);
+  for (const std::string spec : {"preset=lossless", "preset=quant-k3v2"}) {
+    SCOPED_TRACE(spec);
+    const std::string cmd = "'" + g_state_tool + "' compress --model '" + model_path_ + "' --config " + spec + " '" +
+                            slot + "' '" + packed + "' && '" + g_state_tool + "' restore '" + packed + "' '" + back + "'";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    if (spec == "preset=lossless") {
+      EXPECT_EQ(read_file(back), read_file(slot));
+    }
+    EXPECT_LT(read_file(packed).size() * (spec == "preset=lossless" ? 1 : 3), read_file(slot).size());
+    ContextPtr c = context(true);
+    std::vector<llama_token> toks(1024);
+    size_t n = 0;
+    ASSERT_GT(llama_state_seq_load_file(c.get(), back.c_str(), 0, toks.data(), toks.size(), &n), 0u);
+    toks.resize(n);
+    EXPECT_EQ(toks, prompt);
+    const auto got = decode(c.get(), r.continuation, r.next);
+    if (spec == "preset=lossless") {
+      EXPECT_LE(max_abs_diff(want, got), 1e-4);
+    } else {
+      EXPECT_LT(mean_kl(want, got), 0.08);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace e8kv::llama_cpp
