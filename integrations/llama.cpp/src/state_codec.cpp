@@ -102,12 +102,10 @@ struct LayerRows {
   std::vector<uint8_t> keys, values;  // copies (reordered or untransposed), when used
   LayerKV view;
 };
-LayerRows layer_rows(const SeqStateStream& S, size_t l, const std::vector<int32_t>& sorted,
-                     const std::vector<uint32_t>& order, const ModelShape& shape, int64_t first_cell,
-                     int64_t n_cells) {
+LayerRows layer_rows(const SeqStateStream& S, size_t l, const std::vector<uint32_t>& order, const ModelShape& shape,
+                     int64_t first_cell, int64_t n_cells) {
   const SeqStateLayer& L = S.layers[l];
   const int64_t n = n_cells, cells = static_cast<int64_t>(S.cells()), H = shape.n_kv_heads, d = shape.head_dim;
-  (void)sorted;
   LayerRows r;
   const size_t kb = type_bytes(L.k_type), vb = type_bytes(L.v_type);
   const size_t krow = static_cast<size_t>(H * d) * kb, vrow = static_cast<size_t>(H * d) * vb;
@@ -207,7 +205,6 @@ Header read_packed(const uint8_t* p, size_t size, size_t* container_offset, size
   const uint32_t has_order = r.scalar<uint32_t>("order flag");
   if (has_order > 1) r.fail("order flag is " + std::to_string(has_order));
   if (has_order) {
-    r.product(h.cells, 4, "order");
     if (uint64_t{h.cells} * 4 > r.left()) r.fail("truncated: the cell order");
     h.order.resize(h.cells);
     std::vector<uint8_t> seen(h.cells, 0);
@@ -265,7 +262,7 @@ SequenceKV sequence_of(const SeqStateStream& S, const std::vector<int32_t>& sort
                        const ModelShape& shape, int64_t first, int64_t n, std::vector<LayerRows>* rows) {
   SequenceKV seq;
   rows->clear();
-  for (size_t l = 0; l < S.layers.size(); ++l) rows->push_back(layer_rows(S, l, sorted, order, shape, first, n));
+  for (size_t l = 0; l < S.layers.size(); ++l) rows->push_back(layer_rows(S, l, order, shape, first, n));
   for (auto& r : *rows) seq.layers.push_back(r.view);
   seq.positions = sorted.data() + first;
   return seq;

@@ -12,10 +12,11 @@
 // not, any number of streams with the cells in one of them. Keys are post-RoPE, as llama.cpp
 // stores them; config.rope must be the model's RoPE (llama.cpp's "normal" rotation is
 // RopeLayout::kInterleaved, "neox" kSplitHalf) for any key frame but "post".
-// What it refuses, naming it: quantized cache types (q8_0, q4_0, ...), cells carrying a cell
-// extension (M-RoPE, per-layer-embedding models), a second memory after the KV cache (iSWA
-// models' sliding-window cache, recurrent states), cells in several streams, repeated positions,
-// rows whose size is not the model's n_kv_heads × head_dim.
+// What it refuses, naming it: quantized cache types (q8_0, q4_0, ...), a second memory after the
+// KV cache (iSWA models' sliding-window cache, recurrent states), cells in several streams,
+// repeated positions, rows whose size is not the model's n_kv_heads × head_dim. Cells of M-RoPE
+// and per-layer-embedding models carry an extension the bytes do not announce: the tool refuses
+// those architectures by name; through this API their bytes fail the parser's checks.
 //
 // Cells are shared by every layer in llama.cpp, so an evicting Config must keep one token set for
 // all layers (Config::shared_selection); a cache whose layers keep different tokens is refused at
