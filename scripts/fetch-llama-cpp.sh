@@ -2,8 +2,9 @@
 # Fetches llama.cpp's source into the cache (never into the repository) and prints the path of
 # its source tree: the llama.cpp tree vendored by the PyPI source package llama-cpp-python==0.3.36
 # (vendor/llama.cpp, llama.cpp commit 0c1e57098bba of 2026-10-01, ggml 0.25.3), pinned by the
-# sdist's SHA-256. Only what libllama and ggml need is extracted (CMakeLists.txt cmake ggml src
-# include vendor LICENSE). integrations/llama.cpp builds it (GGML_NATIVE=OFF).
+# sdist's SHA-256. Only what libllama, ggml and llama.cpp's tools need is extracted (CMakeLists.txt
+# cmake ggml src include vendor common tools LICENSE), then e8kv's patches are applied
+# (integrations/llama.cpp/patches/*.patch: the E8 KV-cache types of ggml, and their -ctk/-ctv names). integrations/llama.cpp builds it (GGML_NATIVE=OFF).
 # Idempotent: nothing is downloaded when the tree is there with the recorded hash.
 # Cache: ${E8KV_CACHE:-$HOME/.cache/e8kv}/llama.cpp/
 #   scripts/fetch-llama-cpp.sh --print-path   prints the tree's path if it is fetched (else nothing);
@@ -17,12 +18,17 @@ SDIST="llama_cpp_python-$VERSION.tar.gz"
 URL="https://files.pythonhosted.org/packages/ec/e9/e7de2b0463ea3ffbf0ede6cb21b58c1258a8f6521aae45ca773a59fe7cf3/$SDIST"
 SHA256="832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+PATCHES=("$HERE"/../integrations/llama.cpp/patches/*.patch)
+# The tree's stamp: the sdist's hash and the patches' (a changed patch re-extracts the tree).
+STAMP_VALUE="$SHA256 $(cat "${PATCHES[@]}" | sha256sum | cut -d' ' -f1)"
+
 CACHE="${E8KV_CACHE:-$HOME/.cache/e8kv}"
 ROOT="$CACHE/llama.cpp"
 DEST="$ROOT/llama.cpp-$VERSION"
-STAMP="$DEST/.e8kv-sdist-sha256"
+STAMP="$DEST/.e8kv-stamp"
 
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$SHA256" ] && [ -f "$DEST/CMakeLists.txt" ]; then
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$STAMP_VALUE" ] && [ -f "$DEST/CMakeLists.txt" ]; then
   echo "$DEST"
   exit 0
 fi
@@ -58,7 +64,11 @@ mkdir -p "$DEST.part"
 prefix="llama_cpp_python-$VERSION/vendor/llama.cpp"
 tar xzf "$archive" -C "$DEST.part" --strip-components=3 \
   "$prefix/CMakeLists.txt" "$prefix/cmake" "$prefix/ggml" "$prefix/src" "$prefix/include" \
-  "$prefix/vendor" "$prefix/LICENSE"
-echo "$SHA256" > "$DEST.part/.e8kv-sdist-sha256"
+  "$prefix/vendor" "$prefix/common" "$prefix/tools" "$prefix/LICENSE"
+for p in "${PATCHES[@]}"; do
+  patch -p1 --forward --silent -d "$DEST.part" < "$p" >&2 ||
+    { echo "[fetch-llama-cpp] error: $p does not apply to llama.cpp $VERSION" >&2; exit 1; }
+done
+echo "$STAMP_VALUE" > "$DEST.part/.e8kv-stamp"
 mv "$DEST.part" "$DEST"
 echo "$DEST"

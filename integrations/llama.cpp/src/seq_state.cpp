@@ -13,7 +13,9 @@ std::string ggml_type_name(int32_t type) {
       "f32",     "f16",    "q4_0",    "q4_1",  nullptr, nullptr, "q5_0",   "q5_1",   "q8_0", "q8_1",  "q2_K",
       "q3_K",    "q4_K",   "q5_K",    "q6_K",  "q8_K",  "iq2_xxs", "iq2_xs", "iq3_xxs", "iq1_s", "iq4_nl", "iq3_s",
       "iq2_s",   "iq4_xs", "i8",      "i16",   "i32",   "i64",   "f64",    "iq1_m",  "bf16", nullptr, nullptr,
-      nullptr,   "tq1_0",  "tq2_0",   nullptr, nullptr, nullptr, "mxfp4",  "nvfp4",  "q1_0", "q2_0"};
+      nullptr,   "tq1_0",  "tq2_0",   nullptr, nullptr, nullptr, "mxfp4",  "nvfp4",  "q1_0", "q2_0",
+      // 43-45: e8kv's E8 types, in a ggml patched by scripts/fetch-llama-cpp.sh
+      "e8p",     "e8r3",   "e8r4"};
   constexpr int32_t n = static_cast<int32_t>(sizeof(kNames) / sizeof(kNames[0]));
   if (type >= 0 && type < n && kNames[type] != nullptr) return kNames[type];
   return "type " + std::to_string(type);

@@ -173,6 +173,9 @@ TEST(SeqState, NamesGgmlTypes) {
   EXPECT_EQ(ggml_type_name(8), "q8_0");
   EXPECT_EQ(ggml_type_name(2), "q4_0");
   EXPECT_EQ(ggml_type_name(4), "type 4");
+  EXPECT_EQ(ggml_type_name(43), "e8p");
+  EXPECT_EQ(ggml_type_name(45), "e8r4");
+  EXPECT_EQ(ggml_type_name(46), "type 46");
   EXPECT_EQ(ggml_type_name(-1), "type -1");
   EXPECT_EQ(ggml_type_name(1000), "type 1000");
 }

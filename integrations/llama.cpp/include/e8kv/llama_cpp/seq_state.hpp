@@ -35,7 +35,8 @@ namespace e8kv::llama_cpp {
 
 /// ggml's type ids (ggml.h, enum ggml_type) of the row types the codec reads.
 enum GgmlType : int32_t { kGgmlF32 = 0, kGgmlF16 = 1, kGgmlBF16 = 30 };
-/// ggml's name of a type id ("f16", "q4_0", ...), or "type <id>" for an id ggml 0.25.3 does not have.
+/// ggml's name of a type id ("f16", "q4_0", ...; 43-45 are the E8 types e8kv patches into ggml:
+/// "e8p", "e8r3", "e8r4"), or "type <id>" for an id ggml 0.25.3 does not have.
 std::string ggml_type_name(int32_t type);
 
 struct SeqStateOptions {
