@@ -33,17 +33,17 @@ common=(-m "$MODEL" -f "$TEXT" -c 512 -b 512 --chunks "$CHUNKS" -fa on -t "$E8KV
 echo "[kv-types] f16 base logits: $CHUNKS chunks of 512 tokens" >&2
 "$PPL" "${common[@]}" -ctk f16 -ctv f16 --kl-divergence-base "$BASE" > "$BUILD/f16.log" 2>&1
 ppl_f16=$(grep -oE "Final estimate: PPL = [0-9.]+" "$BUILD/f16.log" | grep -oE "[0-9.]+$")
-printf "| %-6s | %5s | %-8s | %-8s |\n" type bits "mean KL" PPL
-printf "| %-6s | %5s | %-8s | %-8s |\n" f16 16 0 "$ppl_f16"
+printf "| %-6s | %5s | %-20s | %-20s |\n" type bits "mean KL" "PPL"
+printf "| %-6s | %5s | %-20s | %-20s |\n" f16 16 0 "$ppl_f16"
 for t in $TYPES; do
   log="$BUILD/$t.log"
   "$PPL" "${common[@]}" -ctk "$t" -ctv "$t" --kl-divergence-base "$BASE" --kl-divergence > "$log" 2>&1 ||
     { echo "[kv-types] $t failed, see $log" >&2; continue; }
   kl=$(grep -E "^Mean +KLD:" "$log" | awk '{print $3, $4, $5}')
-  ppl=$(grep -E "^Mean +PPL\(Q\)" "$log" | awk '{print $3, $4, $5}')
+  ppl=$(grep -E "^Mean PPL\(Q\) +:" "$log" | awk '{print $4, $5, $6}')
   case "$t" in
     q8_0) bits=8.5 ;; q5_0) bits=5.5 ;; q4_1) bits=5.0 ;; q4_0) bits=4.5 ;;
     e8r4) bits=4.25 ;; e8r3) bits=3.25 ;; e8p) bits=2.25 ;; *) bits="?" ;;
   esac
-  printf "| %-6s | %5s | %-8s | %-8s |\n" "$t" "$bits" "$kl" "$ppl"
+  printf "| %-6s | %5s | %-20s | %-20s |\n" "$t" "$bits" "$kl" "$ppl"
 done

@@ -103,16 +103,25 @@ using E8R4Type = E8Type<e8kv::codebook::Rvq4, 4>;
 
 extern "C" {
 
-// The prototypes ggml's patched headers declare (ggml-quants.h, ggml-cpu.c), with C linkage.
-void quantize_row_e8p_ref(const float* x, void* y, int64_t k);
-void quantize_row_e8r3_ref(const float* x, void* y, int64_t k);
-void quantize_row_e8r4_ref(const float* x, void* y, int64_t k);
-void dequantize_row_e8p(const void* x, float* y, int64_t k);
-void dequantize_row_e8r3(const void* x, float* y, int64_t k);
-void dequantize_row_e8r4(const void* x, float* y, int64_t k);
-void ggml_vec_dot_e8p_f32(int n, float* s, size_t bs, const void* vx, size_t bx, const void* vy, size_t by, int nrc);
-void ggml_vec_dot_e8r3_f32(int n, float* s, size_t bs, const void* vx, size_t bx, const void* vy, size_t by, int nrc);
-void ggml_vec_dot_e8r4_f32(int n, float* s, size_t bs, const void* vx, size_t bx, const void* vy, size_t by, int nrc);
+// The prototypes ggml's patched headers declare (ggml-quants.h, ggml-cpu.c), with C linkage and
+// exported (GGML_API): ggml-cpu calls them across shared libraries, ggml builds with hidden symbols.
+#if defined(__GNUC__) || defined(__clang__)
+#define E8KV_GGML_API __attribute__((visibility("default")))
+#else
+#define E8KV_GGML_API
+#endif
+E8KV_GGML_API void quantize_row_e8p_ref(const float* x, void* y, int64_t k);
+E8KV_GGML_API void quantize_row_e8r3_ref(const float* x, void* y, int64_t k);
+E8KV_GGML_API void quantize_row_e8r4_ref(const float* x, void* y, int64_t k);
+E8KV_GGML_API void dequantize_row_e8p(const void* x, float* y, int64_t k);
+E8KV_GGML_API void dequantize_row_e8r3(const void* x, float* y, int64_t k);
+E8KV_GGML_API void dequantize_row_e8r4(const void* x, float* y, int64_t k);
+E8KV_GGML_API void ggml_vec_dot_e8p_f32(int n, float* s, size_t bs, const void* vx, size_t bx, const void* vy, size_t by,
+                                        int nrc);
+E8KV_GGML_API void ggml_vec_dot_e8r3_f32(int n, float* s, size_t bs, const void* vx, size_t bx, const void* vy,
+                                         size_t by, int nrc);
+E8KV_GGML_API void ggml_vec_dot_e8r4_f32(int n, float* s, size_t bs, const void* vx, size_t bx, const void* vy,
+                                         size_t by, int nrc);
 
 void quantize_row_e8p_ref(const float* x, void* y, int64_t k) { E8PType::quantize(x, y, k); }
 void quantize_row_e8r3_ref(const float* x, void* y, int64_t k) { E8R3Type::quantize(x, y, k); }
