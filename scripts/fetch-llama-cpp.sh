@@ -2,8 +2,8 @@
 # Fetches llama.cpp's source into the cache (never into the repository) and prints the path of
 # its source tree: the llama.cpp tree vendored by the PyPI source package llama-cpp-python==0.3.36
 # (vendor/llama.cpp, llama.cpp commit 0c1e57098bba of 2026-10-01, ggml 0.25.3), pinned by the
-# sdist's SHA-256. Only what libllama, ggml and llama.cpp's tools need is extracted (CMakeLists.txt
-# cmake ggml src include vendor common tools LICENSE), then e8kv's patches are applied
+# sdist's SHA-256. Only what libllama, ggml and llama.cpp's tools need is extracted (SUBSET below),
+# then e8kv's patches are applied
 # (integrations/llama.cpp/patches/*.patch: the E8 KV-cache types of ggml, and their -ctk/-ctv names). integrations/llama.cpp builds it (GGML_NATIVE=OFF).
 # Idempotent: nothing is downloaded when the tree is there with the recorded hash.
 # Cache: ${E8KV_CACHE:-$HOME/.cache/e8kv}/llama.cpp/
@@ -20,8 +20,11 @@ SHA256="832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 PATCHES=("$HERE"/../integrations/llama.cpp/patches/*.patch)
-# The tree's stamp: the sdist's hash and the patches' (a changed patch re-extracts the tree).
-STAMP_VALUE="$SHA256 $(cat "${PATCHES[@]}" | sha256sum | cut -d' ' -f1)"
+# What is extracted from vendor/llama.cpp: libllama and ggml, and llama.cpp's tools (llama-server
+# needs scripts/ for its UI assets step).
+SUBSET=(CMakeLists.txt cmake ggml src include vendor common tools scripts LICENSE)
+# The tree's stamp: the sdist's hash, the subset and the patches' hash (any change re-extracts).
+STAMP_VALUE="$SHA256 ${SUBSET[*]} $(cat "${PATCHES[@]}" | sha256sum | cut -d' ' -f1)"
 
 CACHE="${E8KV_CACHE:-$HOME/.cache/e8kv}"
 ROOT="$CACHE/llama.cpp"
@@ -62,9 +65,7 @@ fi
 rm -rf "$DEST.part" "$DEST"
 mkdir -p "$DEST.part"
 prefix="llama_cpp_python-$VERSION/vendor/llama.cpp"
-tar xzf "$archive" -C "$DEST.part" --strip-components=3 \
-  "$prefix/CMakeLists.txt" "$prefix/cmake" "$prefix/ggml" "$prefix/src" "$prefix/include" \
-  "$prefix/vendor" "$prefix/common" "$prefix/tools" "$prefix/LICENSE"
+tar xzf "$archive" -C "$DEST.part" --strip-components=3 "${SUBSET[@]/#/$prefix/}"
 for p in "${PATCHES[@]}"; do
   patch -p1 --forward --silent -d "$DEST.part" < "$p" >&2 ||
     { echo "[fetch-llama-cpp] error: $p does not apply to llama.cpp $VERSION" >&2; exit 1; }
