@@ -92,15 +92,7 @@ std::vector<ConfigSpec> config_list(bool ablations) {
 
 Config model_config(const std::string& spec, const llama::ModelConfig& mc) {
   Config c = Config::parse(spec);
-  // The model's RoPE, read from the GGUF: GGUF Llama rotates adjacent pairs (interleaved).
-  c.rope.layout = mc.rope_adjacent_pairs ? transform::RopeLayout::kInterleaved : transform::RopeLayout::kSplitHalf;
-  c.rope.head_dim = mc.head_dim;
-  c.rope.rotary_dim = mc.rope_dim;
-  c.rope.theta = mc.rope_theta;
-  if (mc.rope_scaling == llama::RopeScaling::kLinear) {
-    c.rope.scaling = transform::RopeScaling::kLinear;
-    c.rope.factor = mc.rope_scaling_factor;
-  }
+  c.rope = llama::rope_params(mc);  // the model's RoPE, read from the GGUF
   return c;
 }
 

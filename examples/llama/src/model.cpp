@@ -109,6 +109,19 @@ ModelConfig read_config(const GgufFile& f) {
   return c;
 }
 
+transform::RopeParams rope_params(const ModelConfig& c) {
+  transform::RopeParams r;
+  r.layout = c.rope_adjacent_pairs ? transform::RopeLayout::kInterleaved : transform::RopeLayout::kSplitHalf;
+  r.head_dim = c.head_dim;
+  r.rotary_dim = c.rope_dim;
+  r.theta = c.rope_theta;
+  if (c.rope_scaling == RopeScaling::kLinear) {
+    r.scaling = transform::RopeScaling::kLinear;
+    r.factor = c.rope_scaling_factor;
+  }
+  return r;
+}
+
 std::string default_cache_dir() {
   if (const char* c = std::getenv("E8KV_CACHE"); c && *c) return c;
   const char* home = std::getenv("HOME");

@@ -14,15 +14,7 @@ ModelKv read_model_kv(const std::string& gguf_path) {
   ModelKv m;
   m.architecture = mc.architecture;
   m.shape = ModelShape{mc.n_layers, mc.n_kv_heads, mc.n_heads, mc.head_dim};
-  // llama.cpp rotates GGUF llama keys in adjacent pairs (its "normal" RoPE).
-  m.rope.layout = mc.rope_adjacent_pairs ? transform::RopeLayout::kInterleaved : transform::RopeLayout::kSplitHalf;
-  m.rope.head_dim = mc.head_dim;
-  m.rope.rotary_dim = mc.rope_dim;
-  m.rope.theta = mc.rope_theta;
-  if (mc.rope_scaling == llama::RopeScaling::kLinear) {
-    m.rope.scaling = transform::RopeScaling::kLinear;
-    m.rope.factor = mc.rope_scaling_factor;
-  }
+  m.rope = llama::rope_params(mc);  // llama.cpp rotates GGUF llama keys in adjacent pairs too
   return m;
 }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "e8kv/llama/kv_backend.hpp"
+#include "e8kv/transform/rope_params.hpp"
 #include "e8kv/llama/tokenizer.hpp"
 
 namespace e8kv::llama {
@@ -124,6 +125,10 @@ class Model {
 
 /// Reads the configuration alone (no weights), validating every value.
 ModelConfig read_config(const GgufFile& file);
+
+/// The model's RoPE as e8kv's compressor takes it (Config::rope): GGUF Llama rotates adjacent
+/// pairs (RopeLayout::kInterleaved), theta, rotary dims and linear scaling from the GGUF.
+transform::RopeParams rope_params(const ModelConfig& config);
 
 /// Default model path: $E8KV_MODEL, else ${E8KV_CACHE:-$HOME/.cache/e8kv}/models/SmolLM2-135M-Instruct.Q4_1.gguf.
 std::string default_model_path();
