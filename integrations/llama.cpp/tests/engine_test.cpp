@@ -291,7 +291,9 @@ TEST_F(Engine, QuantizedPresetsRestoreAndDecodeWithinKlBounds) {
 // llama.cpp's own quantized KV caches on the same tokens, for docs/accuracy.md: not the same
 // protocol (the prefill itself runs over the quantized cache, llama.cpp rotates q4_0/q8_0 K/V with
 // its Hadamard), printed beside e8kv's rows; the test checks only that llama.cpp ran.
-TEST_F(Engine, LlamaCppQuantizedCachesForComparison) {
+// A measurement, disabled under ctest (gtest lists it as disabled): run it with
+// --gtest_also_run_disabled_tests --gtest_filter='*LlamaCppQuantized*'.
+TEST_F(Engine, DISABLED_LlamaCppQuantizedCachesForComparison) {
   Run f16 = prefill(true, 160, 32);
   const auto want = decode(f16.ctx.get(), f16.continuation, f16.next);
   for (ggml_type t : {GGML_TYPE_Q8_0, GGML_TYPE_Q4_0}) {
@@ -369,10 +371,10 @@ TEST_F(Engine, E8TypesAsLlamaCppKvCaches) {
   const ggml_type F16 = GGML_TYPE_F16, Q8 = GGML_TYPE_Q8_0, Q4 = GGML_TYPE_Q4_0;
   const ggml_type P = GGML_TYPE_E8P, R3 = GGML_TYPE_E8R3, R4 = GGML_TYPE_E8R4;
   // E8 decoding inside FlashAttention's dot products is slow at -O1 (~10 s a row here): ctest runs
-  // two rows; E8KV_LLAMA_CPP_ALL_TYPES=1 runs the whole table of docs/accuracy.md.
+  // one row; E8KV_LLAMA_CPP_ALL_TYPES=1 runs the whole table of docs/accuracy.md.
   const char* all_env = std::getenv("E8KV_LLAMA_CPP_ALL_TYPES");
   const bool all = all_env != nullptr && std::strcmp(all_env, "1") == 0;
-  std::vector<Case> cases = {Case{P, P, 1.0}, Case{R4, R4, 0.1}};
+  std::vector<Case> cases = {Case{P, P, 1.0}};
   if (all)
     cases = {Case{Q8, Q8, 1.0},   Case{Q4, Q4, 1.0},    Case{R4, R4, 0.1},    Case{R3, R3, 0.3},
              Case{P, P, 1.0},     Case{F16, Q4, 1.0},   Case{F16, R3, 0.05},  Case{F16, P, 0.15},
