@@ -1,18 +1,23 @@
 #!/usr/bin/env bash
 # A llama-server slot through e8kv, end to end: builds llama-server from the fetched llama.cpp
 # tree (e8kv's patch adds only KV types; the slot code is llama.cpp's own), starts it on
-# SmolLM2-135M with --slot-save-path, runs a prompt, saves slot 0, compresses the slot file with
+# SmolLM2-135M (or E8KV_LLAMA_MODEL) with --slot-save-path, runs a prompt, saves slot 0, compresses the slot file with
 # e8kv-llama-state, restores it into the slot directory and has the server restore and continue
 # from it. Prints the file sizes and the server's answers. Not part of CI (builds llama-server).
 #
-#   scripts/llama-server-slots.sh [config spec (default preset=quant-k3v2)]
+#   scripts/llama-server-slots.sh [config spec (default preset=quant-k3v2)] [N]
+#   N: the prompt is the first N characters of the fiction corpus (scripts/fetch-text.sh) instead
+#      of the short built-in one: a long conversation's slot (N=7000 is ~1,700 SmolLM2 tokens)
 #   E8KV_LLAMA_TOOLS_BUILD=dir   llama.cpp build directory (default build/llama-tools)
+#   E8KV_LLAMA_MODEL=gemma3      Gemma-3-270M instead of SmolLM2 (scripts/fetch-model.sh names)
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 SPEC="${1:-preset=quant-k3v2}"
+PROMPT_CHARS="${2:-}"
 bash "$E8KV_ROOT/scripts/setup.sh"
 SRC="$(bash "$E8KV_ROOT/scripts/fetch-llama-cpp.sh")"
-MODEL="$(bash "$E8KV_ROOT/scripts/fetch-model.sh")"
+MODEL_NAME="${E8KV_LLAMA_MODEL:-smollm2}"
+MODEL="$(bash "$E8KV_ROOT/scripts/fetch-model.sh" "$MODEL_NAME")"
 BUILD="${E8KV_LLAMA_TOOLS_BUILD:-$E8KV_ROOT/build/llama-tools}"
 cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DGGML_OPENMP=OFF \
       -DLLAMA_BUILD_COMMON=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TESTS=OFF \
@@ -35,6 +40,10 @@ for _ in $(seq 1 60); do curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && 
 api() { curl -sf -X POST "http://127.0.0.1:$PORT$1" -H 'Content-Type: application/json' -d "$2"; }
 
 PROMPT="The lighthouse keeper wrote in his log every evening. On the first of March the wind came from the north-east and the sea was grey. Two fishing boats returned late, and the younger captain, whose name was Elena Brandt, said the nets had caught almost nothing but weed. The keeper noted the barometer at 1012 hectopascals, falling slowly. In the morning he repaired the lamp's clockwork, which had lost eleven minutes overnight. Question: what was the younger captain's name? Answer:"
+if [ -n "$PROMPT_CHARS" ]; then
+  TEXT="$(bash "$E8KV_ROOT/scripts/fetch-text.sh" | grep fiction)"
+  PROMPT="$(python3 -c 'import sys; print(open(sys.argv[1], encoding="utf-8").read()[:int(sys.argv[2])])' "$TEXT" "$PROMPT_CHARS")"
+fi
 body=$(python3 -c 'import json,sys; print(json.dumps({"prompt": sys.argv[1], "n_predict": 8, "temperature": 0, "cache_prompt": True, "id_slot": 0}))' "$PROMPT")
 echo "[slots] first answer: $(api /completion "$body" | python3 -c 'import json,sys; print(repr(json.load(sys.stdin)["content"]))')"
 api "/slots/0?action=save" '{"filename": "slot.bin"}' >/dev/null

@@ -99,6 +99,43 @@ SeqState parse_seq_state(const uint8_t* data, size_t size, const SeqStateOptions
   return st;
 }
 
+std::vector<SeqState> parse_seq_caches(const uint8_t* data, size_t size, size_t n_caches,
+                                       const SeqStateOptions& options) {
+  if (n_caches == 0 || n_caches > 2)
+    throw Error("parse_seq_caches: " + std::to_string(n_caches) +
+                " KV caches; llama.cpp models keep 1 (2 with interleaved sliding-window attention)");
+  if (data == nullptr && size != 0) throw Error("parse_seq_caches: null data with size " + std::to_string(size));
+  std::vector<SeqState> caches;
+  size_t at = 0;
+  for (size_t c = 0; c < n_caches; ++c) {
+    size_t used = 0;
+    try {
+      caches.push_back(parse_seq_state(data + at, size - at, options, &used));
+    } catch (const Error& e) {
+      if (n_caches == 1) throw;
+      throw Error("KV cache " + std::to_string(c) + " of " + std::to_string(n_caches) + " (at byte " +
+                  std::to_string(at) + "): " + e.what());
+    }
+    at += used;
+  }
+  if (at != size)
+    throw Error(std::string(kFormat) + ": " + std::to_string(size - at) + " bytes follow the " +
+                std::to_string(n_caches) + " KV cache state(s): " +
+                (n_caches == 1 ? "a second memory (the sliding-window cache of an iSWA model, or a recurrent state)"
+                               : "a memory after the sliding-window cache (a recurrent state?)") +
+                " that e8kv does not read here");
+  return caches;
+}
+
+std::vector<uint8_t> write_seq_caches(const std::vector<SeqState>& caches, const SeqStateOptions& options) {
+  std::vector<uint8_t> out;
+  for (const SeqState& st : caches) {
+    const std::vector<uint8_t> b = write_seq_state(st, options);
+    out.insert(out.end(), b.begin(), b.end());
+  }
+  return out;
+}
+
 std::vector<uint8_t> write_seq_state(const SeqState& state, const SeqStateOptions& options) {
   detail::ByteWriter w;
   w.scalar<uint32_t>(static_cast<uint32_t>(state.streams.size()));

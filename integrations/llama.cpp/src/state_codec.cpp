@@ -18,23 +18,27 @@ namespace e8kv::llama_cpp {
 namespace {
 
 constexpr char kMagic[8] = {'E', '8', 'K', 'V', 'L', 'C', 'P', 'P'};
-constexpr uint32_t kVersion = 1;
 constexpr const char* kFormat = "e8kv compressed llama.cpp state";
 
 bool readable_type(int32_t t) { return t == kGgmlF32 || t == kGgmlF16 || t == kGgmlBF16; }
 size_t type_bytes(int32_t t) { return t == kGgmlF32 ? 4 : 2; }
 DType dtype_of(int32_t t) { return t == kGgmlF32 ? DType::kF32 : t == kGgmlF16 ? DType::kF16 : DType::kBF16; }
 
-// What the header records besides the container.
-struct Header {
+// What the header records of one KV cache besides its container.
+struct CacheHeader {
   uint32_t n_stream = 0, stream = 0;
   bool v_trans = false;
   int32_t seq_id = 0;
   uint32_t cells = 0;
   std::vector<int32_t> k_types, v_types;
   std::vector<uint32_t> order;  ///< cell i of the state is sorted row order[i]; empty: already sorted
+};
+// The whole header: version 1 holds one cache, version 2 (written only for several) a count first.
+struct Header {
+  std::vector<CacheHeader> caches;
   std::vector<uint8_t> prefix;
 };
+constexpr uint32_t kVersionOneCache = 1, kVersionCaches = 2;
 
 // The one stream of a sequence state that holds cells, checked against the compressor's model.
 const SeqStateStream& cells_stream(const SeqState& st, const ModelShape& shape, uint32_t* index) {
@@ -147,10 +151,7 @@ LayerRows layer_rows(const SeqStateStream& S, size_t l, const std::vector<uint32
   return r;
 }
 
-std::vector<uint8_t> write_packed(const Header& h, const std::vector<uint8_t>& container) {
-  detail::ByteWriter w;
-  w.bytes(reinterpret_cast<const uint8_t*>(kMagic), sizeof(kMagic));
-  w.scalar<uint32_t>(kVersion);
+void write_cache_header(detail::ByteWriter& w, const CacheHeader& h) {
   w.scalar<uint32_t>(h.n_stream);
   w.scalar<uint32_t>(h.stream);
   w.scalar<uint32_t>(h.v_trans ? 1 : 0);
@@ -163,25 +164,25 @@ std::vector<uint8_t> write_packed(const Header& h, const std::vector<uint8_t>& c
   }
   w.scalar<uint32_t>(h.order.empty() ? 0 : 1);
   for (uint32_t o : h.order) w.scalar<uint32_t>(o);
+}
+
+std::vector<uint8_t> write_packed(const Header& h, const std::vector<std::vector<uint8_t>>& containers) {
+  detail::ByteWriter w;
+  w.bytes(reinterpret_cast<const uint8_t*>(kMagic), sizeof(kMagic));
+  const bool one = h.caches.size() == 1;
+  w.scalar<uint32_t>(one ? kVersionOneCache : kVersionCaches);
+  if (!one) w.scalar<uint32_t>(static_cast<uint32_t>(h.caches.size()));
+  for (const CacheHeader& c : h.caches) write_cache_header(w, c);
   w.scalar<uint64_t>(h.prefix.size());
   w.bytes(h.prefix);
-  w.scalar<uint64_t>(container.size());
+  for (const auto& c : containers) w.scalar<uint64_t>(c.size());
   w.scalar<uint32_t>(entropy::crc32c(w.out.data(), w.out.size()));
-  w.bytes(container);
+  for (const auto& c : containers) w.bytes(c);
   return std::move(w.out);
 }
 
-// Reads the header; `container` receives the container's offset and size.
-Header read_packed(const uint8_t* p, size_t size, size_t* container_offset, size_t* container_size) {
-  if (p == nullptr && size != 0) throw Error("restore_seq_state: null data with size " + std::to_string(size));
-  detail::ByteReader r(p, size, kFormat);
-  std::vector<uint8_t> magic;
-  r.bytes(magic, sizeof(kMagic), "magic");
-  if (!std::equal(magic.begin(), magic.end(), kMagic)) r.fail("not a compressed llama.cpp state (wrong magic)");
-  const uint32_t version = r.scalar<uint32_t>("version");
-  if (version != kVersion)
-    r.fail("format version " + std::to_string(version) + "; this build reads version " + std::to_string(kVersion));
-  Header h;
+CacheHeader read_cache_header(detail::ByteReader& r) {
+  CacheHeader h;
   h.n_stream = r.scalar<uint32_t>("n_stream");
   h.stream = r.scalar<uint32_t>("stream");
   if (h.n_stream == 0 || h.n_stream > 256 || h.stream >= h.n_stream)
@@ -213,16 +214,51 @@ Header read_packed(const uint8_t* p, size_t size, size_t* container_offset, size
       if (h.order[c] >= h.cells || seen[h.order[c]]++) r.fail("the cell order is not a permutation");
     }
   }
+  return h;
+}
+
+// Where one cache's container lies in the packed bytes.
+struct ContainerSpan {
+  size_t offset = 0, size = 0;
+};
+
+// Reads the header; `spans` receives each cache's container.
+Header read_packed(const uint8_t* p, size_t size, std::vector<ContainerSpan>* spans) {
+  if (p == nullptr && size != 0) throw Error("restore_seq_state: null data with size " + std::to_string(size));
+  detail::ByteReader r(p, size, kFormat);
+  std::vector<uint8_t> magic;
+  r.bytes(magic, sizeof(kMagic), "magic");
+  if (!std::equal(magic.begin(), magic.end(), kMagic)) r.fail("not a compressed llama.cpp state (wrong magic)");
+  const uint32_t version = r.scalar<uint32_t>("version");
+  if (version != kVersionOneCache && version != kVersionCaches)
+    r.fail("format version " + std::to_string(version) + "; this build reads versions 1 and 2");
+  uint32_t n_caches = 1;
+  if (version == kVersionCaches) {
+    n_caches = r.scalar<uint32_t>("cache count");
+    if (n_caches < 2 || n_caches > 2) r.fail("version 2 with " + std::to_string(n_caches) + " KV caches; accepted 2");
+  }
+  Header h;
+  for (uint32_t c = 0; c < n_caches; ++c) h.caches.push_back(read_cache_header(r));
   const uint64_t prefix = r.scalar<uint64_t>("prefix bytes");
   r.bytes(h.prefix, prefix, "prefix");
-  const uint64_t container = r.scalar<uint64_t>("container bytes");
+  std::vector<uint64_t> sizes(n_caches);
+  for (auto& s : sizes) s = r.scalar<uint64_t>("container bytes");
   const size_t header_end = r.offset();
   const uint32_t crc = r.scalar<uint32_t>("header CRC-32C");
   if (crc != entropy::crc32c(p, header_end)) r.fail("header CRC-32C mismatch (corrupt header)");
-  if (container != r.left())
-    r.fail("the container is " + std::to_string(container) + " bytes, " + std::to_string(r.left()) + " follow");
-  *container_offset = r.offset();
-  *container_size = static_cast<size_t>(container);
+  uint64_t total = 0;
+  for (uint64_t s : sizes) {
+    if (s > r.left()) r.fail("a container of " + std::to_string(s) + " bytes; " + std::to_string(r.left()) + " follow");
+    total += s;
+  }
+  if (total != r.left())
+    r.fail("the containers are " + std::to_string(total) + " bytes, " + std::to_string(r.left()) + " follow");
+  spans->clear();
+  size_t at = r.offset();
+  for (uint64_t s : sizes) {
+    spans->push_back(ContainerSpan{at, static_cast<size_t>(s)});
+    at += static_cast<size_t>(s);
+  }
   return h;
 }
 
@@ -238,9 +274,9 @@ void store_elements(const float* x, size_t n, int32_t type, uint8_t* out) {
   }
 }
 
-Header header_of(const SeqState& st, const SeqStateStream& S, uint32_t stream, const std::vector<uint32_t>& order,
-                 const std::vector<uint8_t>& prefix) {
-  Header h;
+CacheHeader cache_header_of(const SeqState& st, const SeqStateStream& S, uint32_t stream,
+                            const std::vector<uint32_t>& order) {
+  CacheHeader h;
   h.n_stream = static_cast<uint32_t>(st.streams.size());
   h.stream = stream;
   h.v_trans = S.v_trans;
@@ -254,7 +290,6 @@ Header header_of(const SeqState& st, const SeqStateStream& S, uint32_t stream, c
     h.v_types.push_back(L.v_type);
   }
   h.order = order;
-  h.prefix = prefix;
   return h;
 }
 
@@ -268,77 +303,138 @@ SequenceKV sequence_of(const SeqStateStream& S, const std::vector<int32_t>& sort
   return seq;
 }
 
-}  // namespace
-
-std::vector<uint8_t> compress_seq_state(const uint8_t* state, size_t size, const KVCompressor& compressor,
-                                        const StateCompressOptions& options) {
-  const ModelShape& shape = compressor.shape();
-  // llama_state_seq_get_data's frame (magic, sequence id) comes back verbatim, like a slot file's head.
-  const size_t frame = seq_data_frame_bytes(state, size);
-  std::vector<uint8_t> prefix = options.prefix;
-  prefix.insert(prefix.end(), state, state + frame);
-  state += frame;
-  size -= frame;
-  const SeqState st = parse_seq_state(state, size);
-  uint32_t stream = 0;
-  const SeqStateStream& S = cells_stream(st, shape, &stream);
-  std::vector<int32_t> sorted;
-  const std::vector<uint32_t> order = sorted_order(S.positions, &sorted);
-  const Header h = header_of(st, S, stream, order, prefix);
-  std::vector<LayerRows> rows;
-  const SequenceKV seq = sequence_of(S, sorted, order, shape, 0, static_cast<int64_t>(S.cells()), &rows);
-  const CompressedKV cache = compressor.compress(seq, options.queries, options.executor);
-  return write_packed(h, entropy::serialize(cache, options.container));
+// The compressors and queries given for a state's caches, checked against each other.
+void check_caches(const std::vector<const KVCompressor*>& caches, const StateCompressOptions& options,
+                  const char* who) {
+  if (caches.empty() || caches.size() > 2)
+    throw Error(std::string(who) + ": " + std::to_string(caches.size()) +
+                " compressors; give one per KV cache of the model (1, or 2 for interleaved sliding-window attention)");
+  for (const KVCompressor* c : caches)
+    if (c == nullptr) throw Error(std::string(who) + ": a null compressor");
+  if (!options.queries.empty() && options.queries.size() != caches.size())
+    throw Error(std::string(who) + ": " + std::to_string(options.queries.size()) + " query sets for " +
+                std::to_string(caches.size()) + " KV caches (one per cache, or none)");
 }
 
-std::vector<uint8_t> extend_compressed_state(const uint8_t* packed, size_t packed_size, const uint8_t* state,
-                                             size_t size, const KVCompressor& compressor,
-                                             const StateCompressOptions& options) {
-  size_t c_off = 0, c_size = 0;
-  Header h = read_packed(packed, packed_size, &c_off, &c_size);
-  entropy::DeserializeOptions dopt;
-  CompressedKV cache = entropy::deserialize(packed + c_off, c_size, dopt);
-  const ModelShape& shape = compressor.shape();
-  const size_t frame = seq_data_frame_bytes(state, size);
-  const SeqState st = parse_seq_state(state + frame, size - frame);
-  uint32_t stream = 0;
-  const SeqStateStream& S = cells_stream(st, shape, &stream);
-  if (st.streams.size() != h.n_stream || stream != h.stream || S.v_trans != h.v_trans)
-    throw Error("extend_compressed_state: the later state's streams or V layout differ from the compressed one's");
-  for (size_t l = 0; l < S.layers.size(); ++l)
-    if (S.layers[l].k_type != h.k_types[l] || S.layers[l].v_type != h.v_types[l])
-      throw Error("extend_compressed_state: layer " + std::to_string(l) + " types differ from the compressed state's");
-  if (S.seq_ids[0] != h.seq_id)
-    throw Error("extend_compressed_state: the later state is sequence " + std::to_string(S.seq_ids[0]) +
-                ", the compressed one " + std::to_string(h.seq_id));
-  std::vector<int32_t> sorted;
-  const std::vector<uint32_t> order = sorted_order(S.positions, &sorted);
+const std::vector<LayerQueries>* queries_of(const StateCompressOptions& options, size_t cache) {
+  return options.queries.empty() ? nullptr : options.queries[cache];
+}
+
+// One cache's stored positions (the union over its layers' last stored token).
+int64_t last_stored_position(const CompressedKV& cache) {
   int64_t last = -1;
   for (int l = 0; l < cache.n_layers(); ++l) {
     const auto p = cache.stored_positions(l);
     if (!p.empty()) last = std::max<int64_t>(last, p.back());
   }
-  // Cells at or before the stored ones are the conversation so far: kept as they were coded.
-  const int64_t first = std::upper_bound(sorted.begin(), sorted.end(), last) - sorted.begin();
-  const int64_t n = static_cast<int64_t>(sorted.size()) - first;
-  if (n > 0) {
-    std::vector<LayerRows> rows;
-    const SequenceKV chunk = sequence_of(S, sorted, order, shape, first, n, &rows);
-    compressor.extend(cache, chunk, options.queries, options.executor);
-  }
-  // The restored state lists the cells sorted: the earlier cells' order is not known any more.
-  h.cells = static_cast<uint32_t>(cache.original_tokens());
-  h.order.clear();
-  return write_packed(h, entropy::serialize(cache, options.container));
+  return last;
 }
 
-std::vector<uint8_t> restore_seq_state(const uint8_t* packed, size_t size, const entropy::DeserializeOptions& options) {
-  size_t c_off = 0, c_size = 0;
-  const Header h = read_packed(packed, size, &c_off, &c_size);
-  const CompressedKV cache = entropy::deserialize(packed + c_off, c_size, options);
+std::string cache_name(size_t c, size_t n) {
+  if (n == 1) return "the KV cache";
+  return c == 0 ? "KV cache 0 (full attention)" : "KV cache 1 (sliding window)";
+}
+
+}  // namespace
+
+std::vector<uint8_t> compress_seq_state(const uint8_t* state, size_t size, const std::vector<const KVCompressor*>& caches,
+                                        const StateCompressOptions& options) {
+  check_caches(caches, options, "compress_seq_state");
+  // llama_state_seq_get_data's frame (magic, sequence id) comes back verbatim, like a slot file's head.
+  const size_t frame = seq_data_frame_bytes(state, size);
+  Header h;
+  h.prefix = options.prefix;
+  h.prefix.insert(h.prefix.end(), state, state + frame);
+  const std::vector<SeqState> states = parse_seq_caches(state + frame, size - frame, caches.size());
+  std::vector<std::vector<uint8_t>> containers;
+  for (size_t c = 0; c < caches.size(); ++c) {
+    const ModelShape& shape = caches[c]->shape();
+    uint32_t stream = 0;
+    const SeqStateStream& S = cells_stream(states[c], shape, &stream);
+    std::vector<int32_t> sorted;
+    const std::vector<uint32_t> order = sorted_order(S.positions, &sorted);
+    h.caches.push_back(cache_header_of(states[c], S, stream, order));
+    std::vector<LayerRows> rows;
+    const SequenceKV seq = sequence_of(S, sorted, order, shape, 0, static_cast<int64_t>(S.cells()), &rows);
+    const CompressedKV cache = caches[c]->compress(seq, queries_of(options, c), options.executor);
+    containers.push_back(entropy::serialize(cache, options.container));
+  }
+  return write_packed(h, containers);
+}
+
+std::vector<uint8_t> compress_seq_state(const uint8_t* state, size_t size, const KVCompressor& compressor,
+                                        const StateCompressOptions& options) {
+  return compress_seq_state(state, size, std::vector<const KVCompressor*>{&compressor}, options);
+}
+
+std::vector<uint8_t> extend_compressed_state(const uint8_t* packed, size_t packed_size, const uint8_t* state,
+                                             size_t size, const std::vector<const KVCompressor*>& caches,
+                                             const StateCompressOptions& options) {
+  check_caches(caches, options, "extend_compressed_state");
+  std::vector<ContainerSpan> spans;
+  Header h = read_packed(packed, packed_size, &spans);
+  if (h.caches.size() != caches.size())
+    throw Error("extend_compressed_state: the compressed state holds " + std::to_string(h.caches.size()) +
+                " KV caches, " + std::to_string(caches.size()) + " compressors were given");
+  const size_t frame = seq_data_frame_bytes(state, size);
+  const std::vector<SeqState> states = parse_seq_caches(state + frame, size - frame, caches.size());
+  std::vector<std::vector<uint8_t>> containers;
+  for (size_t c = 0; c < caches.size(); ++c) {
+    const std::string name = "extend_compressed_state: " + cache_name(c, caches.size());
+    CacheHeader& ch = h.caches[c];
+    entropy::DeserializeOptions dopt;
+    CompressedKV cache = entropy::deserialize(packed + spans[c].offset, spans[c].size, dopt);
+    const ModelShape& shape = caches[c]->shape();
+    uint32_t stream = 0;
+    const SeqStateStream& S = cells_stream(states[c], shape, &stream);
+    if (states[c].streams.size() != ch.n_stream || stream != ch.stream || S.v_trans != ch.v_trans)
+      throw Error(name + ": the later state's streams or V layout differ from the compressed one's");
+    for (size_t l = 0; l < S.layers.size(); ++l)
+      if (S.layers[l].k_type != ch.k_types[l] || S.layers[l].v_type != ch.v_types[l])
+        throw Error(name + ": layer " + std::to_string(l) + " types differ from the compressed state's");
+    if (S.seq_ids[0] != ch.seq_id)
+      throw Error(name + ": the later state is sequence " + std::to_string(S.seq_ids[0]) + ", the compressed one " +
+                  std::to_string(ch.seq_id));
+    std::vector<int32_t> sorted;
+    const std::vector<uint32_t> order = sorted_order(S.positions, &sorted);
+    // Cells at or before the stored ones are the conversation so far: kept as they were coded.
+    // Each stored token must still be a cell of the later state: llama.cpp drops cells that left a
+    // sliding window (and llama_memory_seq_rm removes cells), and a restored state may hold no cell
+    // the cache no longer has.
+    const int64_t last = last_stored_position(cache);
+    for (int32_t p : cache.stored_positions(0))
+      if (!std::binary_search(sorted.begin(), sorted.end(), p))
+        throw Error(name + ": position " + std::to_string(p) +
+                    " is stored but no longer a cell of the later state (llama.cpp dropped it: a sliding window "
+                    "moved past it, or the sequence was edited); compress the later state anew");
+    const int64_t first = std::upper_bound(sorted.begin(), sorted.end(), last) - sorted.begin();
+    const int64_t n = static_cast<int64_t>(sorted.size()) - first;
+    if (n > 0) {
+      std::vector<LayerRows> rows;
+      const SequenceKV chunk = sequence_of(S, sorted, order, shape, first, n, &rows);
+      caches[c]->extend(cache, chunk, queries_of(options, c), options.executor);
+    }
+    // The restored state lists the cells sorted: the earlier cells' order is not known any more.
+    ch.cells = static_cast<uint32_t>(cache.original_tokens());
+    ch.order.clear();
+    containers.push_back(entropy::serialize(cache, options.container));
+  }
+  return write_packed(h, containers);
+}
+
+std::vector<uint8_t> extend_compressed_state(const uint8_t* packed, size_t packed_size, const uint8_t* state,
+                                             size_t size, const KVCompressor& compressor,
+                                             const StateCompressOptions& options) {
+  return extend_compressed_state(packed, packed_size, state, size, std::vector<const KVCompressor*>{&compressor},
+                                 options);
+}
+
+namespace {
+
+SeqState restore_cache(const CacheHeader& h, const CompressedKV& cache, const std::string& name) {
   if (cache.n_layers() != static_cast<int>(h.k_types.size()))
-    throw Error("restore_seq_state: the container has " + std::to_string(cache.n_layers()) + " layers, the header " +
-                std::to_string(h.k_types.size()));
+    throw Error("restore_seq_state: " + name + ": the container has " + std::to_string(cache.n_layers()) +
+                " layers, the header " + std::to_string(h.k_types.size()));
   SeqState st;
   st.streams.resize(h.n_stream);
   SeqStateStream& S = st.streams[h.stream];
@@ -358,12 +454,12 @@ std::vector<uint8_t> restore_seq_state(const uint8_t* packed, size_t size, const
   for (size_t l = 0; l < S.layers.size(); ++l) {
     const DenseLayer dl = cache.decompress_layer(static_cast<int>(l));
     if (dl.positions != positions)
-      throw Error("restore_seq_state: layer " + std::to_string(l) +
+      throw Error("restore_seq_state: " + name + ": layer " + std::to_string(l) +
                   " keeps other tokens than layer 0; llama.cpp's cells are shared by every layer (compress with "
                   "an eviction that keeps one set for all layers: Config::shared_selection)");
     for (float m : dl.mask)
       if (m != 0.f)
-        throw Error("restore_seq_state: layer " + std::to_string(l) +
+        throw Error("restore_seq_state: " + name + ": layer " + std::to_string(l) +
                     " has KV heads that keep different tokens (per-head selection); llama.cpp's cells hold every head");
     SeqStateLayer& L = S.layers[l];
     L.k_type = h.k_types[l];
@@ -387,26 +483,45 @@ std::vector<uint8_t> restore_seq_state(const uint8_t* packed, size_t size, const
           store_elements(&dl.values[row_of[i] * embd + j], 1, L.v_type, L.values.data() + (j * n + i) * vb);
     }
   }
+  return st;
+}
+
+}  // namespace
+
+std::vector<uint8_t> restore_seq_state(const uint8_t* packed, size_t size, const entropy::DeserializeOptions& options) {
+  std::vector<ContainerSpan> spans;
+  const Header h = read_packed(packed, size, &spans);
+  std::vector<SeqState> states;
+  for (size_t c = 0; c < h.caches.size(); ++c) {
+    const CompressedKV cache = entropy::deserialize(packed + spans[c].offset, spans[c].size, options);
+    states.push_back(restore_cache(h.caches[c], cache, cache_name(c, h.caches.size())));
+  }
   std::vector<uint8_t> out = h.prefix;
-  const std::vector<uint8_t> body = write_seq_state(st);
+  const std::vector<uint8_t> body = write_seq_caches(states);
   out.insert(out.end(), body.begin(), body.end());
   return out;
 }
 
 CompressedStateInfo read_compressed_state_info(const uint8_t* packed, size_t size) {
-  size_t c_off = 0, c_size = 0;
-  const Header h = read_packed(packed, size, &c_off, &c_size);
+  std::vector<ContainerSpan> spans;
+  const Header h = read_packed(packed, size, &spans);
   CompressedStateInfo info;
-  info.n_stream = h.n_stream;
-  info.stream = h.stream;
-  info.v_trans = h.v_trans;
-  info.seq_id = h.seq_id;
-  info.cells = h.cells;
-  info.k_types = h.k_types;
-  info.v_types = h.v_types;
   info.prefix_bytes = h.prefix.size();
-  info.container_bytes = c_size;
-  info.container = entropy::read_info(packed + c_off, c_size);
+  for (size_t c = 0; c < h.caches.size(); ++c) {
+    const CacheHeader& ch = h.caches[c];
+    CompressedCacheInfo ci;
+    ci.n_stream = ch.n_stream;
+    ci.stream = ch.stream;
+    ci.v_trans = ch.v_trans;
+    ci.seq_id = ch.seq_id;
+    ci.cells = ch.cells;
+    ci.k_types = ch.k_types;
+    ci.v_types = ch.v_types;
+    ci.container_bytes = spans[c].size;
+    ci.container = entropy::read_info(packed + spans[c].offset, spans[c].size);
+    info.container_bytes += spans[c].size;
+    info.caches.push_back(std::move(ci));
+  }
   return info;
 }
 
@@ -427,12 +542,18 @@ size_t seq_file_state_offset(const uint8_t* file, size_t size) {
   return r.offset();
 }
 
-std::vector<uint8_t> compress_slot_file(const uint8_t* file, size_t size, const KVCompressor& compressor,
+std::vector<uint8_t> compress_slot_file(const uint8_t* file, size_t size,
+                                        const std::vector<const KVCompressor*>& caches,
                                         const StateCompressOptions& options) {
   const size_t off = seq_file_state_offset(file, size);
   StateCompressOptions o = options;
   o.prefix.assign(file, file + off);
-  return compress_seq_state(file + off, size - off, compressor, o);
+  return compress_seq_state(file + off, size - off, caches, o);
+}
+
+std::vector<uint8_t> compress_slot_file(const uint8_t* file, size_t size, const KVCompressor& compressor,
+                                        const StateCompressOptions& options) {
+  return compress_slot_file(file, size, std::vector<const KVCompressor*>{&compressor}, options);
 }
 
 }  // namespace e8kv::llama_cpp

@@ -126,9 +126,11 @@ TEST(StateCodec, LosslessGivesF16StatesBackByteForByte) {
         const auto packed = compress_seq_state(state.data(), state.size(), c);
         EXPECT_EQ(restore_seq_state(packed.data(), packed.size()), state);
         const auto info = read_compressed_state_info(packed.data(), packed.size());
-        EXPECT_EQ(info.cells, positions.size());
-        EXPECT_EQ(info.stream, n_stream - 1);
-        EXPECT_EQ(info.v_trans, v_trans);
+        ASSERT_EQ(info.caches.size(), 1u);
+        EXPECT_EQ(info.caches[0].cells, positions.size());
+        EXPECT_EQ(info.caches[0].stream, n_stream - 1);
+        EXPECT_EQ(info.caches[0].v_trans, v_trans);
+        EXPECT_EQ(packed[8], 1) << "one cache is written as version 1";
       }
 }
 
@@ -302,6 +304,102 @@ TEST(StateCodec, CorruptOrTruncatedCompressedStatesAreRefused) {
   longer.push_back(0);
   EXPECT_THROW(restore_seq_state(longer.data(), longer.size()), Error);
   EXPECT_NE(error_of([&] { restore_seq_state(state.data(), state.size()); }).find("wrong magic"), std::string::npos);
+}
+
+// An iSWA model's state: the full-attention layers' cache (every cell), then the sliding-window
+// layers' cache (its own layer count and RoPE, only the window's cells), back to back.
+const ModelShape kSwaShape{2, 2, 4, 64};
+Config swa_config(const std::string& spec) {
+  Config c = config(spec);
+  c.rope.theta = 1e6;  // the two caches' RoPE differ, as Gemma 3's do
+  return c;
+}
+std::vector<uint8_t> iswa_state(int cells, int window, uint32_t seed, bool v_trans) {
+  return write_seq_caches({make_state(iota_positions(cells), seed, kGgmlF16, v_trans),
+                           make_state(iota_positions(window, cells - window), seed + 1, kGgmlF16, v_trans, 1, 0,
+                                      kSwaShape)});
+}
+
+TEST(StateCodec, SlidingWindowModelsKeepTwoCachesEachCodedApart) {
+  for (const char* spec : {"preset=lossless", "preset=quant-k3v2"}) {
+    SCOPED_TRACE(spec);
+    const KVCompressor full(kShape, config(spec)), swa(kSwaShape, swa_config(spec));
+    const std::vector<const KVCompressor*> caches{&full, &swa};
+    for (bool v_trans : {false, true}) {
+      const auto state = iswa_state(100, 40, 7, v_trans);
+      const auto packed = compress_seq_state(state.data(), state.size(), caches);
+      EXPECT_EQ(packed[8], 2) << "several caches: version 2";
+      const auto info = read_compressed_state_info(packed.data(), packed.size());
+      ASSERT_EQ(info.caches.size(), 2u);
+      EXPECT_EQ(info.caches[0].cells, 100u);
+      EXPECT_EQ(info.caches[1].cells, 40u);
+      EXPECT_EQ(info.caches[1].container.layout.n_layers, 2);
+      const auto back = restore_seq_state(packed.data(), packed.size());
+      if (std::string(spec) == "preset=lossless") {
+        EXPECT_EQ(back, state);
+      } else {
+        const auto a = parse_seq_caches(state.data(), state.size(), 2), b = parse_seq_caches(back.data(), back.size(), 2);
+        for (size_t c = 0; c < 2; ++c) {
+          EXPECT_EQ(b[c].streams[0].positions, a[c].streams[0].positions);
+          for (size_t l = 0; l < a[c].streams[0].layers.size(); ++l)
+            EXPECT_LT(relative_error(a[c].streams[0].layers[l].values, b[c].streams[0].layers[l].values, kGgmlF16), 0.42);
+        }
+      }
+    }
+  }
+  const KVCompressor full(kShape, config("preset=quant-k3v2")), swa(kSwaShape, swa_config("preset=quant-k3v2"));
+  const auto state = iswa_state(60, 20, 3, false);
+  // One compressor for a two-cache state: the second cache is named as trailing bytes.
+  EXPECT_NE(error_of([&] { compress_seq_state(state.data(), state.size(), full); }).find("sliding-window"),
+            std::string::npos);
+  // The caches' compressors swapped: the layer counts disagree, and the cache is named.
+  EXPECT_NE(error_of([&] { compress_seq_state(state.data(), state.size(), {&swa, &full}); }).find("layers"),
+            std::string::npos);
+  StateCompressOptions one_query_set;
+  std::vector<LayerQueries> none;
+  one_query_set.queries = {&none};
+  EXPECT_NE(error_of([&] { compress_seq_state(state.data(), state.size(), {&full, &swa}, one_query_set); })
+                .find("query sets"),
+            std::string::npos);
+  // Corrupt or truncated two-cache states: an error, never a wrong state.
+  const auto packed = compress_seq_state(state.data(), state.size(), {&full, &swa});
+  const size_t header = packed.size() - read_compressed_state_info(packed.data(), packed.size()).container_bytes;
+  for (size_t i = 0; i < packed.size(); i += (i < header ? 1 : 509)) {
+    auto bad = packed;
+    bad[i] ^= 0x04;
+    EXPECT_THROW(restore_seq_state(bad.data(), bad.size()), Error) << "byte " << i << " flipped";
+  }
+  for (size_t n : {header - 1, header, packed.size() - 1})
+    EXPECT_THROW(restore_seq_state(packed.data(), n), Error) << "truncated to " << n;
+}
+
+TEST(StateCodec, ExtendingASlidingWindowCacheThatDroppedCellsIsRefused) {
+  const KVCompressor full(kShape, config("preset=lossless")), swa(kSwaShape, swa_config("preset=lossless"));
+  const std::vector<const KVCompressor*> caches{&full, &swa};
+  const auto first = iswa_state(60, 30, 5, false);
+  const auto packed = compress_seq_state(first.data(), first.size(), caches);
+  // The later state: the window still holds every stored cell (window 50 of 80 cells): the new
+  // cells of each cache are appended, the stored ones kept as they were coded.
+  {
+    const auto later_bytes = iswa_state(80, 50, 6, false);
+    const auto ext = extend_compressed_state(packed.data(), packed.size(), later_bytes.data(), later_bytes.size(), caches);
+    const auto back_bytes = restore_seq_state(ext.data(), ext.size());
+    const auto back = parse_seq_caches(back_bytes.data(), back_bytes.size(), 2);
+    const auto later = parse_seq_caches(later_bytes.data(), later_bytes.size(), 2);
+    const auto before = parse_seq_caches(first.data(), first.size(), 2);
+    EXPECT_EQ(back[0].streams[0].positions, iota_positions(80));
+    EXPECT_EQ(back[1].streams[0].positions, iota_positions(50, 30));
+    const size_t row = static_cast<size_t>(kSwaShape.n_kv_heads * kSwaShape.head_dim) * 2;
+    const auto& keys = back[1].streams[0].layers[1].keys;
+    // Stored cells (30..59) from the first save, new cells (60..79) from the later one.
+    EXPECT_TRUE(std::equal(keys.begin(), keys.begin() + 30 * row, before[1].streams[0].layers[1].keys.begin()));
+    EXPECT_TRUE(std::equal(keys.begin() + 30 * row, keys.end(), later[1].streams[0].layers[1].keys.begin() + 30 * row));
+  }
+  // The window moved past stored cells (the later sliding-window cache holds positions 50..89 only).
+  const auto later = iswa_state(90, 40, 5, false);
+  const std::string e = error_of([&] { extend_compressed_state(packed.data(), packed.size(), later.data(), later.size(), caches); });
+  EXPECT_NE(e.find("sliding window"), std::string::npos) << e;
+  EXPECT_NE(e.find("position 30"), std::string::npos) << e;
 }
 
 TEST(StateCodec, PerLayerEvictionCannotBeRestoredIntoSharedCells) {

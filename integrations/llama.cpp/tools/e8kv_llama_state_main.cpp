@@ -2,13 +2,16 @@
 // llama_state_seq_save_file) or raw sequence-state bytes (llama_state_seq_get_data) into an e8kv
 // compressed state, and restores it to the same kind of file for llama.cpp to load.
 //
-//   e8kv-llama-state compress --model M.gguf [--config SPEC] IN OUT
-//   e8kv-llama-state extend   --model M.gguf [--config SPEC] PACKED LATER_IN OUT
+//   e8kv-llama-state compress --model M.gguf [--config SPEC] [--partial] IN OUT
+//   e8kv-llama-state extend   --model M.gguf [--config SPEC] [--partial] PACKED LATER_IN OUT
 //   e8kv-llama-state restore  IN OUT
 //   e8kv-llama-state info     IN
 //
 // SPEC is a Config spec string (default "preset=quant-k3v2"; "preset=lossless" restores an f16
-// state byte for byte). The model gives the KV shape and RoPE, which a state does not carry.
+// state byte for byte). The model (llama or gemma3 architecture) gives each KV cache's layers,
+// shape and RoPE, which a state does not carry; an iSWA model's two caches are coded apart.
+// --partial: the state was saved with LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY (llama_state_seq_get_data_ext),
+// which holds an iSWA model's sliding-window cache alone (the whole cache of other models).
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -47,36 +50,43 @@ bool is_seq_file(const std::vector<uint8_t>& b) {
 
 int usage() {
   std::fprintf(stderr,
-               "usage: e8kv-llama-state compress --model M.gguf [--config SPEC] IN OUT\n"
-               "       e8kv-llama-state extend   --model M.gguf [--config SPEC] PACKED LATER_IN OUT\n"
+               "usage: e8kv-llama-state compress --model M.gguf [--config SPEC] [--partial] IN OUT\n"
+               "       e8kv-llama-state extend   --model M.gguf [--config SPEC] [--partial] PACKED LATER_IN OUT\n"
                "       e8kv-llama-state restore  IN OUT\n"
                "       e8kv-llama-state info     IN\n"
                "IN: a llama.cpp slot/sequence file ('ggsq', as llama-server --slot-save-path writes) or the raw\n"
-               "bytes of llama_state_seq_get_data. SPEC: an e8kv Config spec (default preset=quant-k3v2).\n");
+               "bytes of llama_state_seq_get_data. SPEC: an e8kv Config spec (default preset=quant-k3v2).\n"
+               "--partial: saved with LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY (an iSWA model's sliding-window cache).\n");
   return 2;
 }
 
 void print_info(const std::vector<uint8_t>& packed) {
   const auto info = e8kv::llama_cpp::read_compressed_state_info(packed.data(), packed.size());
-  std::printf("e8kv compressed llama.cpp state: %zu bytes (container %zu, prefix %zu)\n", packed.size(),
-              info.container_bytes, info.prefix_bytes);
-  std::printf("  cells %u (sequence %d, stream %u of %u), V %s, layers %zu, K/V types %s/%s\n", info.cells,
-              info.seq_id, info.stream, info.n_stream, info.v_trans ? "transposed" : "rows", info.k_types.size(),
-              e8kv::llama_cpp::ggml_type_name(info.k_types.at(0)).c_str(),
-              e8kv::llama_cpp::ggml_type_name(info.v_types.at(0)).c_str());
-  std::printf("  layout: %d layers x %d KV heads x %d, container format %d\n", info.container.layout.n_layers,
-              info.container.layout.n_kv_heads, info.container.layout.head_dim, info.container.format_version);
+  std::printf("e8kv compressed llama.cpp state: %zu bytes (containers %zu, prefix %zu), %zu KV cache(s)\n",
+              packed.size(), info.container_bytes, info.prefix_bytes, info.caches.size());
+  for (size_t c = 0; c < info.caches.size(); ++c) {
+    const auto& ci = info.caches[c];
+    std::printf("  cache %zu: cells %u (sequence %d, stream %u of %u), V %s, layers %zu, K/V types %s/%s\n", c,
+                ci.cells, ci.seq_id, ci.stream, ci.n_stream, ci.v_trans ? "transposed" : "rows", ci.k_types.size(),
+                e8kv::llama_cpp::ggml_type_name(ci.k_types.at(0)).c_str(),
+                e8kv::llama_cpp::ggml_type_name(ci.v_types.at(0)).c_str());
+    std::printf("    container %zu bytes: %d layers x %d KV heads x %d, format %d\n", ci.container_bytes,
+                ci.container.layout.n_layers, ci.container.layout.n_kv_heads, ci.container.layout.head_dim,
+                ci.container.format_version);
+  }
 }
 
 int run(int argc, char** argv) {
   if (argc < 2) return usage();
   const std::string cmd = argv[1];
   std::string model, spec = "preset=quant-k3v2";
+  bool partial = false;
   std::vector<std::string> files;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--model" && i + 1 < argc) model = argv[++i];
     else if (a == "--config" && i + 1 < argc) spec = argv[++i];
+    else if (a == "--partial") partial = true;
     else if (!a.empty() && a[0] == '-') return usage();
     else files.push_back(a);
   }
@@ -84,7 +94,9 @@ int run(int argc, char** argv) {
     const size_t want = cmd == "compress" ? 2 : 3;
     if (model.empty() || files.size() != want) return usage();
     const auto m = e8kv::llama_cpp::read_model_kv(model);
-    const e8kv::KVCompressor compressor(m.shape, e8kv::llama_cpp::model_config(spec, m));
+    const std::vector<e8kv::KVCompressor> compressors = e8kv::llama_cpp::model_compressors(spec, m);
+    std::vector<const e8kv::KVCompressor*> compressor = e8kv::llama_cpp::pointers(compressors);
+    if (partial) compressor.erase(compressor.begin(), compressor.end() - 1);  // the last cache alone
     std::vector<uint8_t> out;
     const std::vector<uint8_t> in = read_all(files[want - 2]);
     size_t state_bytes = in.size();

@@ -19,8 +19,11 @@
 // Nothing in the bytes says which model wrote them: the caller states the cell extension (M-RoPE
 // and per-layer-embedding models write one) and checks rows against its model (llama_cpp/
 // state_codec.hpp does). The parser accepts any ggml type; the codec refuses all but f32, f16 and
-// bf16. A second memory after the KV cache's state (the SWA cache of an iSWA model, a recurrent
-// state) is reported as trailing bytes, never skipped.
+// bf16. A model with interleaved sliding-window attention (iSWA: Gemma 2/3, Cohere2, ...) keeps
+// two KV caches, and its state is two such states back to back (llama_kv_cache_iswa::state_write:
+// the full-attention layers' cache, then the sliding-window layers'): parse_seq_caches reads them
+// when the caller names the count. Bytes after the caches named (a recurrent state, a cache the
+// caller did not announce) are refused as trailing bytes, never skipped.
 //
 // Every count and size is checked against the bytes left before anything is allocated: a
 // truncated, corrupt or foreign blob raises e8kv::Error naming the field and its offset.
@@ -77,6 +80,14 @@ SeqState parse_seq_state(const uint8_t* data, size_t size, const SeqStateOptions
 
 /// The bytes llama.cpp would write for `state` (parse_seq_state's inverse, byte for byte).
 std::vector<uint8_t> write_seq_state(const SeqState& state, const SeqStateOptions& options = {});
+
+/// The `n_caches` KV caches' states of a model's memory, back to back in llama.cpp's order (1 for
+/// most models; 2 for iSWA: full-attention layers, then sliding-window layers). Throws like
+/// parse_seq_state, and on bytes left after the last cache.
+std::vector<SeqState> parse_seq_caches(const uint8_t* data, size_t size, size_t n_caches,
+                                       const SeqStateOptions& options = {});
+/// parse_seq_caches' inverse, byte for byte.
+std::vector<uint8_t> write_seq_caches(const std::vector<SeqState>& caches, const SeqStateOptions& options = {});
 
 /// llama_state_seq_get_data's frame: u32 magic, i32 sequence id, then the state.
 inline constexpr uint32_t kSeqDataMagic = 0xaf143cd8u;
