@@ -1,8 +1,10 @@
-// Minimal consumer: links e8kv through find_package and checks a lattice decode works.
+// Minimal consumer: links e8kv through find_package and checks a lattice decode works, and the
+// llama.cpp adapter (e8kv::llama_cpp) writes and reads back a sequence state.
 #include <cstdio>
 #include <cstring>
 
 #include "e8kv/e8kv.hpp"
+#include "e8kv/llama_cpp/seq_state.hpp"
 
 namespace e8kv { const char* version_string(); }
 
@@ -14,6 +16,10 @@ int main() {
   for (float v : y) sum2 += static_cast<int>(2 * v);
   if (sum2 % 4 != 0) { std::printf("not an E8 point\n"); return 1; }
   if (std::strcmp(e8kv::version_string(), E8KV_VERSION_STRING) != 0) return 1;
+  e8kv::llama_cpp::SeqState st;
+  st.streams.resize(1);  // one stream, no cells
+  const auto bytes = e8kv::llama_cpp::write_seq_caches({st, st});
+  if (e8kv::llama_cpp::parse_seq_caches(bytes.data(), bytes.size(), 2).size() != 2) return 1;
   std::printf("e8kv %s consumer OK\n", e8kv::version_string());
   return 0;
 }
