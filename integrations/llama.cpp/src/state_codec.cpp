@@ -235,7 +235,7 @@ Header read_packed(const uint8_t* p, size_t size, std::vector<ContainerSpan>* sp
   uint32_t n_caches = 1;
   if (version == kVersionCaches) {
     n_caches = r.scalar<uint32_t>("cache count");
-    if (n_caches < 2 || n_caches > 2) r.fail("version 2 with " + std::to_string(n_caches) + " KV caches; accepted 2");
+    if (n_caches != 2) r.fail("version 2 with " + std::to_string(n_caches) + " KV caches; accepted 2");
   }
   Header h;
   for (uint32_t c = 0; c < n_caches; ++c) h.caches.push_back(read_cache_header(r));

@@ -109,6 +109,9 @@ class EngineOf : public ::testing::Test {
   }
 
   static ContextPtr context(bool flash_attn, ggml_type kv_type = GGML_TYPE_F16, QueryCapture* capture = nullptr) {
+    return context(flash_attn, kv_type, kv_type, capture);
+  }
+  static ContextPtr context(bool flash_attn, ggml_type k_type, ggml_type v_type, QueryCapture* capture) {
     llama_context_params cp = llama_context_default_params();
     cp.n_ctx = 512;
     cp.n_batch = 512;
@@ -116,7 +119,8 @@ class EngineOf : public ::testing::Test {
     cp.n_seq_max = 1;
     cp.n_threads = cp.n_threads_batch = 2;
     cp.flash_attn_type = flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
-    cp.type_k = cp.type_v = kv_type;
+    cp.type_k = k_type;
+    cp.type_v = v_type;
     cp.no_perf = true;
     if (capture != nullptr) {
       cp.cb_eval = &QueryCapture::callback;
@@ -289,19 +293,8 @@ class EngineOf : public ::testing::Test {
   // cache) on the tokens of `f16`: the continuation's logits and the state's size.
   static std::vector<float> in_memory(ggml_type k, ggml_type v, const Run& f16, size_t prefill, size_t* state_bytes,
                                       std::vector<uint8_t>* state_out = nullptr) {
-    llama_context_params cp = llama_context_default_params();
-    cp.n_ctx = cp.n_batch = cp.n_ubatch = 512;
-    cp.n_seq_max = 1;
-    cp.n_threads = cp.n_threads_batch = 2;
-    cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;  // a quantized V cache needs it
-    cp.type_k = k;
-    cp.type_v = v;
-    cp.no_perf = true;
-    ContextPtr ctx(llama_init_from_model(model_.get(), cp));
-    if (!ctx) {
-      ADD_FAILURE() << "llama_init_from_model failed";
-      return {};
-    }
+    ContextPtr ctx = context(true, k, v, nullptr);  // a quantized V cache needs flash attention
+    if (!ctx) return {};
     const std::vector<llama_token> head(tokens_.begin(), tokens_.begin() + static_cast<long>(prefill));
     decode(ctx.get(), head, 0, false);
     const auto st = state(ctx.get());
@@ -421,11 +414,8 @@ TEST_F(Engine, DISABLED_LlamaCppQuantizedCachesForComparison) {
   Run f16 = prefill(true, 160, 32);
   const auto want = decode(f16.ctx.get(), f16.continuation, f16.next);
   for (ggml_type t : {GGML_TYPE_Q8_0, GGML_TYPE_Q4_0}) {
-    ContextPtr c = context(true, t);
-    const std::vector<llama_token> head(tokens_.begin(), tokens_.begin() + 160);
-    decode(c.get(), head, 0, false);
-    const size_t bytes = state(c.get()).size();
-    const double kl = mean_kl(want, decode(c.get(), f16.continuation, f16.next));
+    size_t bytes = 0;
+    const double kl = mean_kl(want, in_memory(t, t, f16, 160, &bytes));
     std::printf("llama.cpp %-4s KV cache (in memory)   FA on   %zu bytes of state (%.2fx), 160 cells  KL %.4f\n",
                 ggml_type_name(t), bytes, static_cast<double>(f16.state.size()) / bytes, kl);
     EXPECT_TRUE(std::isfinite(kl));
@@ -506,24 +496,10 @@ TEST_F(Engine, E8TypesAsLlamaCppKvCaches) {
   for (const Case& c : cases) {
     const std::string name = std::string(ggml_type_name(c.k)) + "/" + ggml_type_name(c.v);
     SCOPED_TRACE(name);
-    llama_context_params cp = llama_context_default_params();
-    ContextPtr ctx = context(true, c.k);
-    if (c.v != c.k) {
-      // context() sets both types; K and V apart need their own context.
-      cp.n_ctx = cp.n_batch = cp.n_ubatch = 512;
-      cp.n_seq_max = 1;
-      cp.n_threads = cp.n_threads_batch = 2;
-      cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
-      cp.type_k = c.k;
-      cp.type_v = c.v;
-      cp.no_perf = true;
-      ctx.reset(llama_init_from_model(model_.get(), cp));
-      ASSERT_NE(ctx, nullptr);
-    }
-    const std::vector<llama_token> head(tokens_.begin(), tokens_.begin() + 160);
-    decode(ctx.get(), head, 0, false);
-    const auto st = state(ctx.get());
-    const auto got = decode(ctx.get(), f16.continuation, f16.next);
+    std::vector<uint8_t> st;
+    size_t bytes = 0;
+    const auto got = in_memory(c.k, c.v, f16, 160, &bytes, &st);
+    ASSERT_FALSE(got.empty());
     const double kl = mean_kl(want, got);
     const double bits = 16.0 * static_cast<double>(st.size()) / static_cast<double>(f16.state.size());
     std::printf("llama.cpp -ctk/-ctv %-9s in memory, FA on   state %8zu bytes (%.2f bits/value)  KL %.4f\n",

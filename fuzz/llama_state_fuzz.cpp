@@ -1,0 +1,143 @@
+// libFuzzer target for the llama.cpp adapter's readers (scripts/fuzz.sh builds and runs it beside
+// the container targets): llama.cpp sequence states (what a slot file or
+// llama_state_seq_get_data holds: integrations/llama.cpp/include/e8kv/llama_cpp/seq_state.hpp)
+// and e8kv's compressed llama.cpp states (state_codec.hpp), both untrusted bytes from disk or a
+// network.
+//
+// The first input byte selects: bit 2 set, a compressed state through restore_seq_state and
+// read_compressed_state_info (bit 3: verify the containers' checksums); bit 2 clear, a sequence
+// state through parse_seq_caches (bit 0: two KV caches, as an iSWA model writes; bit 1: cells
+// with extensions), which must write back byte for byte when it parses. Every entry point must
+// return or throw e8kv::Error: anything else (a crash, a sanitizer report, another exception
+// type, an allocation past -malloc_limit_mb) is a bug.
+//
+// E8KV_FUZZ_WRITE_SEEDS=dir writes valid inputs of both kinds (one and two caches, V rows and
+// transposed, lossless and quantized presets) and exits.
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "e8kv/error.hpp"
+#include "e8kv/llama_cpp/state_codec.hpp"
+#include "e8kv/numeric/half.hpp"
+
+namespace {
+
+namespace lc = e8kv::llama_cpp;
+
+// A small f16 state: `cells` cells from position `first`, Gaussian K (with a bias) and V.
+lc::SeqState make_state(int layers, int heads, int dim, int cells, int first, bool v_trans, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> g(0.f, 1.f);
+  const size_t embd = static_cast<size_t>(heads * dim), n = static_cast<size_t>(cells);
+  lc::SeqState st;
+  st.streams.resize(1);
+  lc::SeqStateStream& S = st.streams[0];
+  for (int c = 0; c < cells; ++c) S.positions.push_back(first + c);
+  S.seq_ids.assign(n, 0);
+  S.v_trans = v_trans;
+  for (int l = 0; l < layers; ++l) {
+    lc::SeqStateLayer L;
+    L.k_type = L.v_type = lc::kGgmlF16;
+    L.k_row_bytes = embd * 2;
+    if (v_trans) {
+      L.v_element_bytes = 2;
+      L.v_embd = static_cast<uint32_t>(embd);
+    } else {
+      L.v_row_bytes = embd * 2;
+    }
+    L.keys.resize(n * embd * 2);
+    L.values.resize(n * embd * 2);
+    for (size_t i = 0; i < n * embd; ++i) {
+      const uint16_t k = e8kv::float_to_fp16_bits(1.5f + g(rng)), v = e8kv::float_to_fp16_bits(g(rng));
+      std::memcpy(&L.keys[2 * i], &k, 2);
+      std::memcpy(&L.values[2 * i], &v, 2);
+    }
+    S.layers.push_back(std::move(L));
+  }
+  return st;
+}
+
+e8kv::Config config(const std::string& spec, double theta) {
+  e8kv::Config c = e8kv::Config::parse(spec);
+  c.rope.layout = e8kv::transform::RopeLayout::kSplitHalf;
+  c.rope.head_dim = 64;
+  c.rope.theta = theta;
+  return c;
+}
+
+void write_seed(const std::string& dir, const std::string& name, uint8_t mode, const std::vector<uint8_t>& body) {
+  std::ofstream f(dir + "/" + name, std::ios::binary);
+  f.put(static_cast<char>(mode));
+  f.write(reinterpret_cast<const char*>(body.data()), static_cast<std::streamsize>(body.size()));
+  if (!f) throw e8kv::Error("cannot write seed " + name);
+}
+
+void write_seeds_if_asked() {
+  const char* dir = std::getenv("E8KV_FUZZ_WRITE_SEEDS");
+  if (dir == nullptr || *dir == '\0') return;
+  try {
+    int n = 0;
+    const e8kv::ModelShape full{2, 1, 2, 64}, swa{1, 1, 2, 64};
+    for (bool v_trans : {false, true}) {
+      const std::string t = v_trans ? "-vtrans" : "-vrows";
+      const auto one = lc::write_seq_caches({make_state(2, 1, 64, 24, 0, v_trans, 1)});
+      const auto two = lc::write_seq_caches({make_state(2, 1, 64, 24, 0, v_trans, 2), make_state(1, 1, 64, 9, 15, v_trans, 3)});
+      write_seed(dir, "state-one" + t, 0, one);
+      write_seed(dir, "state-two" + t, 1, two);
+      n += 2;
+      for (const char* spec : {"preset=lossless", "preset=quant-k3v2"}) {
+        const e8kv::KVCompressor cf(full, config(spec, 1e6)), cs(swa, config(spec, 1e4));
+        const std::string s = std::string(spec).substr(7) + t;
+        write_seed(dir, "packed-one-" + s, 4 | 8, lc::compress_seq_state(one.data(), one.size(), cf));
+        write_seed(dir, "packed-two-" + s, 4 | 8, lc::compress_seq_state(two.data(), two.size(), {&cf, &cs}));
+        n += 2;
+      }
+    }
+    std::printf("[fuzz] wrote %d llama.cpp state seeds to %s\n", n, dir);
+    std::exit(0);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "[fuzz] writing seeds failed: %s\n", e.what());
+    std::exit(1);
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  write_seeds_if_asked();
+  return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size == 0) return 0;
+  const uint8_t mode = data[0];
+  const uint8_t* p = data + 1;
+  const size_t n = size - 1;
+  try {
+    if (mode & 4) {
+      e8kv::entropy::DeserializeOptions o;
+      o.verify_checksums = (mode & 8) != 0;
+      // Below -malloc_limit_mb: a read within this budget is legitimate, one past it is a bug.
+      o.max_decoded_bytes = uint64_t{256} << 20;
+      const std::vector<uint8_t> state = lc::restore_seq_state(p, n, o);
+      const lc::CompressedStateInfo info = lc::read_compressed_state_info(p, n);
+      if (info.caches.empty() || state.size() < info.prefix_bytes) std::abort();
+    } else {
+      lc::SeqStateOptions o;
+      o.cell_ext = (mode & 2) != 0;
+      const std::vector<lc::SeqState> caches = lc::parse_seq_caches(p, n, (mode & 1) ? 2 : 1, o);
+      const std::vector<uint8_t> again = lc::write_seq_caches(caches, o);
+      if (again.size() != n || (n != 0 && std::memcmp(again.data(), p, n) != 0)) std::abort();
+    }
+  } catch (const e8kv::Error&) {
+    // refused with a message: what untrusted bytes should get
+  }
+  return 0;
+}
