@@ -17,7 +17,10 @@
 #include <string>
 #include <vector>
 
+#include "e8kv/codebook/e8p.hpp"
+#include "e8kv/codebook/rvq.hpp"
 #include "e8kv/error.hpp"
+#include "e8kv/numeric/half.hpp"
 #include "e8kv/llama/model.hpp"
 #include "e8kv/llama_cpp/state_codec.hpp"
 #include "ggml-cpu.h"
@@ -471,6 +474,70 @@ TEST_F(Engine, E8TypesThroughGgmlTraits) {
   }
 }
 
+// The E8 types' scalar definition (integrations/llama.cpp/ggml/ggml-e8kv.cpp): a block is an fp16
+// gain then 8 little-endian indices; to_float is gain · Code::decode; vec_dot sums lane i of every
+// piece in lane i, reduces ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)), scales by the gain.
+template <class Code, int IndexBytes>
+void e8_type_reference(const std::vector<uint8_t>& q, const std::vector<float>& y, std::vector<float>* decoded,
+                       float* dot) {
+  const size_t block_bytes = 2 + 8 * IndexBytes, blocks = q.size() / block_bytes;
+  decoded->assign(blocks * 64, 0.f);
+  float total = 0.f;
+  for (size_t b = 0; b < blocks; ++b) {
+    const uint8_t* block = &q[b * block_bytes];
+    uint16_t gain_bits;
+    std::memcpy(&gain_bits, block, 2);
+    const float gain = fp16_bits_to_float(gain_bits);
+    float lane[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    for (int p = 0; p < 8; ++p) {
+      uint32_t index = 0;
+      for (int j = 0; j < IndexBytes; ++j) index |= static_cast<uint32_t>(block[2 + IndexBytes * p + j]) << (8 * j);
+      float c[8];
+      Code::decode(index, c);
+      for (int i = 0; i < 8; ++i) {
+        (*decoded)[b * 64 + 8 * p + i] = c[i] * gain;
+        lane[i] += c[i] * y[b * 64 + 8 * p + i];
+      }
+    }
+    const float a0 = lane[0] + lane[4], a1 = lane[1] + lane[5], a2 = lane[2] + lane[6], a3 = lane[3] + lane[7];
+    total += gain * ((a0 + a2) + (a1 + a3));
+  }
+  *dot = total;
+}
+
+// Whatever path ggml takes on this CPU (the AVX2 twin where the CPU has AVX2), to_float and vec_dot
+// equal the scalar definition bit for bit, over random blocks (every index bit random, random gains).
+TEST_F(Engine, E8TypesDecodeAndDotEqualTheScalarDefinitionBitForBit) {
+  std::mt19937 rng(20261203);
+  std::normal_distribution<float> g(0.f, 1.f);
+  std::printf("seed 20261203\n");
+  const int n = 64 * 1024;
+  std::vector<float> y(n), got(n), want;
+  for (float& v : y) v = g(rng);
+  struct Case {
+    ggml_type type;
+    int index_bytes;
+  };
+  for (const Case& c : {Case{GGML_TYPE_E8P, 2}, Case{GGML_TYPE_E8R3, 3}, Case{GGML_TYPE_E8R4, 4}}) {
+    SCOPED_TRACE(ggml_type_name(c.type));
+    std::vector<uint8_t> q(ggml_row_size(c.type, n));
+    const size_t block_bytes = 2 + 8 * static_cast<size_t>(c.index_bytes);
+    for (size_t i = 0; i < q.size(); ++i) q[i] = static_cast<uint8_t>(rng());
+    for (size_t b = 0; b < q.size() / block_bytes; ++b) {
+      const uint16_t gain = float_to_fp16_bits(std::abs(g(rng)) + 0.01f);
+      std::memcpy(&q[b * block_bytes], &gain, 2);
+    }
+    float want_dot = 0.f, got_dot = 0.f;
+    if (c.type == GGML_TYPE_E8P) e8_type_reference<codebook::E8P, 2>(q, y, &want, &want_dot);
+    if (c.type == GGML_TYPE_E8R3) e8_type_reference<codebook::Rvq3, 3>(q, y, &want, &want_dot);
+    if (c.type == GGML_TYPE_E8R4) e8_type_reference<codebook::Rvq4, 4>(q, y, &want, &want_dot);
+    ggml_get_type_traits(c.type)->to_float(q.data(), got.data(), n);
+    ASSERT_EQ(std::memcmp(got.data(), want.data(), n * sizeof(float)), 0) << "to_float differs from Code::decode · gain";
+    ggml_get_type_traits_cpu(c.type)->vec_dot(n, &got_dot, 0, q.data(), 0, y.data(), 0, 1);
+    EXPECT_EQ(std::memcmp(&got_dot, &want_dot, sizeof(float)), 0) << got_dot << " vs " << want_dot;
+  }
+}
+
 // The E8 types as llama.cpp KV caches (in memory: the prefill and the continuation run over the
 // coded cache, llama.cpp's Hadamard rotating K and V), beside llama.cpp's own types, same tokens.
 // Bounds: measured 2026-12-02 (docs/accuracy.md) with headroom. llama.cpp's own state save and
@@ -484,7 +551,7 @@ TEST_F(Engine, E8TypesAsLlamaCppKvCaches) {
   };
   const ggml_type F16 = GGML_TYPE_F16, Q8 = GGML_TYPE_Q8_0, Q4 = GGML_TYPE_Q4_0;
   const ggml_type P = GGML_TYPE_E8P, R3 = GGML_TYPE_E8R3, R4 = GGML_TYPE_E8R4;
-  // E8 decoding inside FlashAttention's dot products is slow at -O1 (~10 s a row here): ctest runs
+  // E8 decoding inside FlashAttention's dot products is slow at -O1 (~4 s a row here): ctest runs
   // one row; E8KV_LLAMA_CPP_ALL_TYPES=1 runs the whole table of docs/accuracy.md.
   const char* all_env = std::getenv("E8KV_LLAMA_CPP_ALL_TYPES");
   const bool all = all_env != nullptr && std::strcmp(all_env, "1") == 0;
