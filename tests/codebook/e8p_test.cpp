@@ -564,7 +564,7 @@ TEST(E8P, SortNetworkSortsEveryZeroOneInputAndRandomPermutations) {
   for (int bits = 0; bits < 256; ++bits) {
     float v[8];
     for (int i = 0; i < 8; ++i) v[i] = static_cast<float>((bits >> i) & 1);
-    detail::sort_descending(v);
+    e8kv::codebook::lanes::sort_descending<e8kv::codebook::lanes::Scalar>(v);
     for (int i = 0; i < 7; ++i) ASSERT_GE(v[i], v[i + 1]) << bits;
   }
   auto rng = e8kv::test::seeded_rng(11);
@@ -572,18 +572,18 @@ TEST(E8P, SortNetworkSortsEveryZeroOneInputAndRandomPermutations) {
   for (int n = 0; n < 1000; ++n) {
     float v[8], w[8];
     for (int i = 0; i < 8; ++i) w[i] = v[i] = std::fabs(g(rng));
-    detail::sort_descending(v);
+    e8kv::codebook::lanes::sort_descending<e8kv::codebook::lanes::Scalar>(v);
     std::sort(w, w + 8, [](float a, float b) { return a > b; });
     for (int i = 0; i < 8; ++i) ASSERT_EQ(v[i], w[i]);
   }
 #if E8KV_HOST_VECTORS
   // The vector copy of the network (4 lanes: every lane is an independent sort).
-  using Ops = detail::vec::Ops<4>;
+  using Ops = e8kv::codebook::lanes::Vector<4>;
   for (int bits = 0; bits < 256; bits += 4) {
     Ops::F v[8];
     for (int i = 0; i < 8; ++i)
       for (int k = 0; k < 4; ++k) v[i].v[k] = static_cast<float>(((bits + k) >> i) & 1);
-    Ops::sort_descending(v);
+    e8kv::codebook::lanes::sort_descending<Ops>(v);
     for (int k = 0; k < 4; ++k)
       for (int i = 0; i < 7; ++i) ASSERT_GE(v[i].v[k], v[i + 1].v[k]) << bits + k;
   }

@@ -191,63 +191,103 @@ E8KV_HD E8KV_FORCE_INLINE uint32_t pair_root_index(int i, int j, bool negative_i
   return static_cast<uint32_t>(1 + 4 * pair + (negative_i ? 2 : 0) + (negative_j ? 1 : 0));
 }
 
-/// The certified search on a sanitized r: true (and *index set) when the nearest point is unique
-/// by more than the margin.
-E8KV_HD inline bool certified_search(const float r[8], uint32_t* index) {
-  using e8p_detail::abs_value;
-  using e8p_detail::max_of;
-  using e8p_detail::min_of;
-  float a[8], v[8];
-  float norm = 0.0f, magnitude_sum = 0.0f;
-  uint32_t negative = 0;
+/// The certified search on the lanes of `O` (lanes.hpp: one block per lane), on sanitized r.
+/// Returns the mask of the lanes whose nearest point is unique by more than the margin, and sets
+/// index[k] for exactly those; the caller decides the other lanes.
+template <class O>
+E8KV_HD E8KV_FORCE_INLINE typename O::I certified_lanes(const typename O::F r[8], uint32_t index[O::kWidth]) {
+  typedef typename O::F F;
+  typedef typename O::I I;
+  F a[8], v[8];
+  const F zero = O::splat(0.0f), two = O::splat(2.0f), four = O::splat(4.0f);
+  F norm = zero, magnitude_sum = zero;
+  I odd = O::splat_int(0), negative = O::splat_int(0);
   for (int i = 0; i < 8; ++i) {
-    a[i] = abs_value(r[i]);
+    a[i] = O::abs_value(r[i]);
     v[i] = a[i];
-    norm += r[i] * r[i];
-    magnitude_sum += a[i];
-    negative |= (r[i] < 0.0f ? 1u : 0u) << i;
+    norm = norm + r[i] * r[i];
+    magnitude_sum = magnitude_sum + a[i];
+    const I neg = O::lt(r[i], zero);
+    odd = odd ^ neg;
+    negative = negative | (neg & O::splat_int(1 << i));
   }
-  const bool odd = e8p_detail::popcount32(negative) & 1;
-  e8p_detail::sort_descending(v);
+  lanes::sort_descending<O>(v);
   // Float error of every key (reference or estimate) stays below ~200·2^-24·(‖r‖² + Σ|r| + 4).
-  const float margin = ((norm + magnitude_sum) + 4.0f) * 0x1.0p-13f;
-  const bool excluded = r[7] < 0.0f && a[7] >= v[0];  // the top point would be −2e_7
-  float value[4], runner_up[4];
-  value[0] = 0.0f;
-  runner_up[0] = -3.0e38f;
-  value[1] = 2.0f * (v[0] + v[1]) - 2.0f;
-  runner_up[1] = value[1] - min_of(2.0f * (v[1] - v[2]), 4.0f * v[1]);
-  value[2] = (magnitude_sum - 2.0f) - (odd ? 2.0f * v[7] : 0.0f);
-  runner_up[2] = value[2] - (odd ? 2.0f * (v[6] - v[7]) : 2.0f * (v[6] + v[7]));
-  value[3] = 4.0f * (excluded ? v[1] : v[0]) - 4.0f;
-  runner_up[3] = 4.0f * (excluded ? v[2] : v[1]) - 4.0f;
-  int cls = 0;
-  for (int k = 1; k < 4; ++k) cls = value[k] > value[cls] ? k : cls;
-  float others = -3.0e38f;
-  for (int k = 0; k < 4; ++k) others = k == cls ? others : max_of(others, value[k]);
-  if (!(value[cls] - max_of(others, runner_up[cls]) > margin)) return false;
-  if (cls == 0) {
-    *index = 0;
-  } else if (cls == 1) {  // the two coordinates with a_i ≥ v2 (exactly two: v2 > v3)
-    int first = -1, second = -1;
-    for (int i = 0; i < 8; ++i)
-      if (a[i] >= v[1]) (first < 0 ? first : second) = i;
-    *index = pair_root_index(first, second, r[first] < 0.0f, r[second] < 0.0f);
-  } else if (cls == 2) {  // flip the smallest |r_i| (unique: v7 > v8) when the parity is odd
-    if (odd)
-      for (int i = 0; i < 8; ++i)
-        if (a[i] <= v[7]) {
-          negative ^= 1u << i;
-          break;
-        }
-    *index = 113u + (negative >> 1);
-  } else {  // the largest |r_j| (with j ≠ 7 when excluded; unique by the certificate)
-    int j = 0;
-    for (int i = 7; i >= 0; --i)
-      if (excluded ? (i != 7 && a[i] >= v[1]) : a[i] >= v[0]) j = i;
-    *index = static_cast<uint32_t>(241 + 2 * j) + (r[j] < 0.0f ? 1u : 0u);
+  const F margin = ((norm + magnitude_sum) + four) * O::splat(0x1.0p-13f);
+  const I excluded = O::lt(r[7], zero) & O::ge(a[7], v[0]);  // the top point would be −2e_7
+  // Classes: 0 origin, 1 integer roots, 2 half roots, 3 ±2e_i.
+  F value[4], runner_up[4];
+  value[0] = zero;
+  runner_up[0] = O::splat(-3.0e38f);
+  value[1] = two * (v[0] + v[1]) - two;
+  runner_up[1] = value[1] - O::min_of(two * (v[1] - v[2]), four * v[1]);
+  value[2] = (magnitude_sum - two) - O::select(odd, two * v[7], zero);
+  runner_up[2] = value[2] - O::select(odd, two * (v[6] - v[7]), two * (v[6] + v[7]));
+  value[3] = four * O::select(excluded, v[1], v[0]) - four;
+  runner_up[3] = four * O::select(excluded, v[2], v[1]) - four;
+  F best = value[0], best_runner_up = runner_up[0], others = O::splat(-3.0e38f);
+  I cls = O::splat_int(0);
+  for (int k = 1; k < 4; ++k) {
+    const I better = O::gt(value[k], best);
+    others = O::max_of(others, O::select(better, best, value[k]));
+    best = O::max_of(best, value[k]);
+    best_runner_up = O::select(better, runner_up[k], best_runner_up);
+    cls = O::select(better, O::splat_int(k), cls);
   }
-  return true;
+  const I certified = O::gt(best - O::max_of(others, best_runner_up), margin);
+  if (!O::any(certified)) return certified;
+  // Every class's index; the winner's is picked per lane. Signs follow r (a zero counts as
+  // positive): class 1 takes the two coordinates with a_i ≥ v2 (exactly two: v2 > v3); class 2
+  // flips the smallest |r_i| (unique: v7 > v8) when the parity is odd; class 3 takes the largest
+  // |r_j| (j ≠ 7 when excluded; unique by the certificate).
+  const I none = O::splat_int(-1);
+  I first = none, second = none, first_negative = O::splat_int(0), second_negative = O::splat_int(0);
+  I smallest = O::splat_int(0), found_smallest = O::splat_int(0), top = O::splat_int(0), found_top = O::splat_int(0);
+  for (int i = 0; i < 8; ++i) {
+    const I lane_i = O::splat_int(i);
+    const I neg = O::lt(r[i], zero);
+    const I in_pair = O::ge(a[i], v[1]);
+    const I is_first = in_pair & O::eq(first, none);
+    const I is_second = in_pair & ~is_first & O::eq(second, none);
+    first = O::select(is_first, lane_i, first);
+    first_negative = O::select(is_first, neg, first_negative);
+    second = O::select(is_second, lane_i, second);
+    second_negative = O::select(is_second, neg, second_negative);
+    const I is_smallest = O::le(a[i], v[7]) & ~found_smallest;
+    smallest = O::select(is_smallest, lane_i, smallest);
+    found_smallest = found_smallest | is_smallest;
+    const I is_top = O::select(excluded, O::ge(a[i], v[1]) & O::splat_int(i == 7 ? 0 : -1), O::ge(a[i], v[0])) & ~found_top;
+    top = O::select(is_top, lane_i, top);
+    found_top = found_top | is_top;
+  }
+  I top_negative = O::splat_int(0);
+  for (int i = 0; i < 8; ++i) top_negative = top_negative | (O::eq(top, O::splat_int(i)) & O::lt(r[i], zero));
+  for (int k = 0; k < O::kWidth; ++k) {
+    if (!O::lane(certified, k)) continue;
+    switch (O::lane(cls, k)) {
+      case 0: index[k] = 0; break;
+      case 1:
+        index[k] = pair_root_index(O::lane(first, k), O::lane(second, k), O::lane(first_negative, k) != 0,
+                                   O::lane(second_negative, k) != 0);
+        break;
+      case 2: {
+        uint32_t mask = static_cast<uint32_t>(O::lane(negative, k));
+        if (O::lane(odd, k)) mask ^= 1u << O::lane(smallest, k);
+        index[k] = 113u + (mask >> 1);
+        break;
+      }
+      default:
+        index[k] = static_cast<uint32_t>(241 + 2 * O::lane(top, k)) + (O::lane(top_negative, k) ? 1u : 0u);
+        break;
+    }
+  }
+  return certified;
+}
+
+/// The certified search on one sanitized r: true (and *index set) when the nearest point is
+/// unique by more than the margin.
+E8KV_HD inline bool certified_search(const float r[8], uint32_t* index) {
+  return certified_lanes<lanes::Scalar>(r, index) != 0;
 }
 
 #if E8KV_HOST_VECTORS
@@ -255,98 +295,24 @@ namespace vec {
 
 /// The certified search on W lanes (one block per lane), as e8p_detail::vec::Kernel.
 template <int W>
-struct Kernel : e8p_detail::vec::Ops<W> {
-  typedef e8p_detail::vec::Ops<W> O;
-  typedef e8p_detail::vec::VF<W> F;
-  typedef e8p_detail::vec::VI<W> I;
-  using O::abs_value;
-  using O::max_of;
-  using O::min_of;
-  using O::select;
-  using O::splat;
-  using O::splat_int;
+struct Kernel {
+  typedef lanes::Vector<W> O;
 
   static E8KV_FORCE_INLINE void encode(const float* x, float scale, uint32_t* index, int count = W) {
-    F r[8], a[8], v[8];
-    const F zero = splat(0.0f), two = splat(2.0f), four = splat(4.0f);
+    typename O::F r[8];
     O::load_sanitized(x, scale, kMaxLatticeAbs, r);
-    F norm = zero, magnitude_sum = zero;
-    I odd = splat_int(0), negative = splat_int(0);
-    for (int i = 0; i < 8; ++i) {
-      a[i] = abs_value(r[i]);
-      v[i] = a[i];
-      norm = norm + r[i] * r[i];
-      magnitude_sum = magnitude_sum + a[i];
-      const I neg = r[i] < zero;
-      odd = odd ^ neg;
-      negative = negative | (neg & splat_int(1 << i));
-    }
-    O::sort_descending(v);
-    const F margin = ((norm + magnitude_sum) + four) * splat(0x1.0p-13f);
-    const I excluded = (r[7] < zero) & (a[7] >= v[0]);
-    // Classes: 0 origin, 1 integer roots, 2 half roots, 3 ±2e_i.
-    F value[4], runner_up[4];
-    value[0] = zero;
-    runner_up[0] = splat(-3.0e38f);
-    value[1] = two * (v[0] + v[1]) - two;
-    runner_up[1] = value[1] - min_of(two * (v[1] - v[2]), four * v[1]);
-    value[2] = (magnitude_sum - two) - select(odd, two * v[7], zero);
-    runner_up[2] = value[2] - select(odd, two * (v[6] - v[7]), two * (v[6] + v[7]));
-    value[3] = four * select(excluded, v[1], v[0]) - four;
-    runner_up[3] = four * select(excluded, v[2], v[1]) - four;
-    F best = value[0], best_runner_up = runner_up[0], others = splat(-3.0e38f);
-    I cls = splat_int(0);
-    for (int k = 1; k < 4; ++k) {
-      const I better = value[k] > best;
-      others = max_of(others, select(better, best, value[k]));
-      best = max_of(best, value[k]);
-      best_runner_up = select(better, runner_up[k], best_runner_up);
-      cls = select(better, splat_int(k), cls);
-    }
-    const I certified = best - max_of(others, best_runner_up) > margin;
-    // Every class's index; the winner's is picked per lane.
-    I first = splat_int(-1), second = splat_int(-1), first_negative = splat_int(0), second_negative = splat_int(0);
-    I smallest = splat_int(0), found_smallest = splat_int(0), top = splat_int(0), found_top = splat_int(0);
-    for (int i = 0; i < 8; ++i) {
-      const I lane_i = splat_int(i);
-      const I neg = r[i] < zero;
-      const I in_pair = a[i] >= v[1];
-      const I is_first = in_pair & (first == splat_int(-1));
-      const I is_second = in_pair & ~is_first & (second == splat_int(-1));
-      first = select(is_first, lane_i, first);
-      first_negative = select(is_first, neg, first_negative);
-      second = select(is_second, lane_i, second);
-      second_negative = select(is_second, neg, second_negative);
-      const I is_smallest = (a[i] <= v[7]) & ~found_smallest;
-      smallest = select(is_smallest, lane_i, smallest);
-      found_smallest = found_smallest | is_smallest;
-      const I is_top = select(excluded, (a[i] >= v[1]) & splat_int(i == 7 ? 0 : -1), a[i] >= v[0]) & ~found_top;
-      top = select(is_top, lane_i, top);
-      found_top = found_top | is_top;
-    }
-    I top_negative = splat_int(0);
-    for (int i = 0; i < 8; ++i) top_negative = top_negative | ((top == splat_int(i)) & (r[i] < zero));
+    uint32_t certified_index[W];
+    const typename O::I certified = certified_lanes<O>(r, certified_index);
     for (int k = 0; k < count; ++k) {
-      if (!certified.v[k]) {
-        float rk[8];
-        for (int i = 0; i < 8; ++i) rk[i] = r[i].v[k];
-        index[k] = search_host(rk);
+      if (O::lane(certified, k)) {
+        index[k] = certified_index[k];
         continue;
       }
-      switch (cls.v[k]) {
-        case 0: index[k] = 0; break;
-        case 1: index[k] = pair_root_index(first.v[k], second.v[k], first_negative.v[k] != 0, second_negative.v[k] != 0); break;
-        case 2: {
-          uint32_t mask = static_cast<uint32_t>(negative.v[k]);
-          if (odd.v[k]) mask ^= 1u << smallest.v[k];
-          index[k] = 113u + (mask >> 1);
-          break;
-        }
-        default: index[k] = static_cast<uint32_t>(241 + 2 * top.v[k]) + (top_negative.v[k] ? 1u : 0u); break;
-      }
+      float rk[8];
+      for (int i = 0; i < 8; ++i) rk[i] = O::lane(r[i], k);
+      index[k] = search_host(rk);
     }
   }
-
 };
 
 }  // namespace vec

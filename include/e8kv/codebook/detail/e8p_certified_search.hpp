@@ -3,6 +3,7 @@
 #pragma once
 
 #include "e8kv/codebook/detail/e8p_tables.hpp"
+#include "e8kv/codebook/detail/lanes.hpp"
 
 namespace e8kv::codebook::e8p_detail {
 
@@ -73,232 +74,189 @@ E8KV_HD E8KV_FORCE_INLINE const NormTwelveSets& norm_twelve_sets() {
 #endif
 }
 
-E8KV_HD E8KV_FORCE_INLINE float abs_value(float x) {
-#if E8KV_ON_DEVICE
-  return fabsf(x);
-#else
-  return std::fabs(x);
-#endif
-}
+/// The certified class search on the lanes of `O` (lanes.hpp: one block per lane; lanes::Scalar
+/// on the device and for single blocks, lanes::Vector<W> in the host batches).
+template <class O>
+struct CertifiedSearch {
+  typedef typename O::F F;
+  typedef typename O::I I;
 
-E8KV_HD E8KV_FORCE_INLINE uint32_t float_bits(float f) {
-  uint32_t u;
-  memcpy(&u, &f, sizeof u);
-  return u;
-}
+  /// The best candidate so far, its own runner-up bound, and the largest value of all others.
+  struct Leader {
+    F best, runner_up, others;
+    I winner;  // class (0..6) + 8·shift bit, or for c7 the pattern key | 0x10000 | shift bit << 17
+  };
 
-/// c ? a : b as a bit select (vectorizes where the plain select would become a branch).
-E8KV_HD E8KV_FORCE_INLINE float pick(bool c, float a, float b) {
-#if E8KV_ON_DEVICE
-  return c ? a : b;
-#else
-  uint32_t ua, ub;
-  memcpy(&ua, &a, sizeof ua);
-  memcpy(&ub, &b, sizeof ub);
-  const uint32_t mask = 0u - static_cast<uint32_t>(c);
-  const uint32_t r = (ua & mask) | (ub & ~mask);
-  float f;
-  memcpy(&f, &r, sizeof f);
-  return f;
-#endif
-}
+  E8KV_HD static E8KV_FORCE_INLINE void offer(Leader& l, const F& value, const F& runner_up, const I& winner) {
+    // Branch-free: the outcome is data dependent and unpredictable.
+    const I better = O::gt(value, l.best);
+    l.others = O::max_of(l.others, O::select(better, l.best, value));  // the loser joins the others
+    l.best = O::max_of(l.best, value);
+    l.runner_up = O::select(better, runner_up, l.runner_up);
+    l.winner = O::select(better, winner, l.winner);
+  }
 
-// max(a, b) and min(a, b) of non-NaN values, branch-free: one maxss/minss on x86 hosts (compilers
-// turn the plain select into a branch here), fmaxf/fminf on the device. Which of two equal
-// values (±0) comes back is not specified; the class search only uses the values.
-#if !E8KV_ON_DEVICE && (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__)) && \
-    defined(__SSE__)
-#define E8KV_E8P_X86_MINMAX 1
-#else
-#define E8KV_E8P_X86_MINMAX 0
-#endif
-E8KV_HD E8KV_FORCE_INLINE float max_of(float a, float b) {
-#if E8KV_ON_DEVICE
-  return fmaxf(a, b);
-#elif E8KV_E8P_X86_MINMAX && defined(__AVX__)
-  float r;
-  __asm__("vmaxss {%2, %1, %0|%0, %1, %2}" : "=x"(r) : "x"(a), "x"(b));
-  return r;
-#elif E8KV_E8P_X86_MINMAX
-  __asm__("maxss {%1, %0|%0, %1}" : "+x"(a) : "x"(b));
-  return a;
-#else
-  return a < b ? b : a;
-#endif
-}
-E8KV_HD E8KV_FORCE_INLINE float min_of(float a, float b) {
-#if E8KV_ON_DEVICE
-  return fminf(a, b);
-#elif E8KV_E8P_X86_MINMAX && defined(__AVX__)
-  float r;
-  __asm__("vminss {%2, %1, %0|%0, %1, %2}" : "=x"(r) : "x"(a), "x"(b));
-  return r;
-#elif E8KV_E8P_X86_MINMAX
-  __asm__("minss {%1, %0|%0, %1}" : "+x"(a) : "x"(b));
-  return a;
-#else
-  return a < b ? a : b;
-#endif
-}
-#undef E8KV_E8P_X86_MINMAX
+  /// What the class search keeps of one shift.
+  struct Shift {
+    F w[8];       // |z − t|
+    F sorted[8];  // w sorted descending: v1 ≥ ... ≥ v8
+    I odd;        // parity of the number of negative z_i − t, as a mask
+    F sum;        // W = Σ w
+    F base;       // W − 2 + 2t·Σz
+    F c7_bound;   // upper bound of every c7 key
+  };
 
-/// The class id of the norm-12 patterns (c7).
-constexpr int kClassC7 = 7;
+  /// Offers the maxima of classes c0..c6 of one shift and records what c7 and the winner need.
+  E8KV_HD static E8KV_FORCE_INLINE void offer_shift(const F z[8], const F& half_sum, int shift_bit, Shift& s,
+                                                    Leader& l) {
+    const F t = O::splat(shift_bit ? -0.25f : 0.25f);
+    const F zero = O::splat(0.0f);
+    I odd = O::splat_int(0);
+    F sum = zero;
+    for (int i = 0; i < 8; ++i) {
+      const F d = z[i] - t;  // never −0 (t ≠ 0)
+      odd = odd ^ O::lt(d, zero);
+      s.w[i] = O::abs_value(d);
+      s.sorted[i] = s.w[i];
+      sum = sum + s.w[i];
+    }
+    s.odd = odd;
+    s.sum = sum;
+    lanes::sort_descending<O>(s.sorted);
+    const F* v = s.sorted;
+    const F two = O::splat(2.0f), four = O::splat(4.0f);
+    s.base = (sum - two) + (shift_bit ? -half_sum : half_sum);
+    // Parity repair (2·v8) of the even (c0, c2, c4, c5) and the odd (c1, c3, c6, c7) classes.
+    const F repair = two * v[7];
+    const F even_repair = O::select(odd, repair, zero), odd_repair = O::select(odd, zero, repair);
+    const int tag = 8 * shift_bit;
+    offer(l, s.base - even_repair, O::splat(-3.0e38f), O::splat_int(tag));
+    F inc = zero;  // Σ of the top k increments 2·v − 2 of code 1
+    for (int k = 1; k <= 4; ++k) {
+      inc = inc + (two * v[k - 1] - two);
+      const F value = (s.base + inc) - ((k & 1) ? odd_repair : even_repair);
+      offer(l, value, value - two * (v[k - 1] - v[k]), O::splat_int(tag + k));
+    }
+    s.c7_bound = (s.base + (inc + (two * v[4] - two))) - odd_repair;
+    const F inc_two = four * v[0] - O::splat(6.0f);
+    F value = (s.base + inc_two) - even_repair;
+    offer(l, value, value - four * (v[0] - v[1]), O::splat_int(tag + 5));
+    value = (s.base + (inc_two + (two * v[1] - two))) - odd_repair;
+    offer(l, value, value - two * O::min_of(v[0] - v[1], v[1] - v[2]), O::splat_int(tag + 6));
+  }
 
-/// What the class search keeps of one shift.
-struct ShiftClasses {
-  float w[8];       // |z − t|
-  float sorted[8];  // w sorted descending: v1 ≥ ... ≥ v8
-  uint32_t odd;     // parity of the number of negative z_i − t
-  float sum;        // W = Σ w
-  float base;       // W − 2 + 2t·Σz
-  float c7_bound;   // upper bound of every c7 key
+  /// Offers the best c7 pattern of one shift, with the second best as its runner-up bound.
+  E8KV_HD static E8KV_FORCE_INLINE void offer_norm_twelve(const Shift& s, int shift_bit, Leader& l) {
+    const F zero = O::splat(0.0f), two = O::splat(2.0f);
+    const F cap = O::splat(6.0f) * s.sorted[7];
+    const I wrong_parity = ~s.odd;  // c7 has parity 1
+    const F total = two * s.sum - O::splat(10.0f);
+    F best = O::splat(-3.0e38f), second = best;
+    I key = O::splat_int(0);
+    for (int n = 0; n < 29; ++n) {
+      const NormTwelveSet& set = norm_twelve_sets().set[n];
+      const F& a = s.w[set.half[0]];
+      const F& b = s.w[set.half[1]];
+      const F& d = s.w[set.half[2]];
+      // Repair: the cheaper of a ½ coordinate (2·w) and a 3/2 coordinate (6·w, at best 6·v8).
+      const F repair = O::min_of(two * O::min_of(O::min_of(a, b), d), cap);
+      const F value = (s.base + (total - two * ((a + b) + d))) - O::select(wrong_parity, repair, zero);
+      const I better = O::gt(value, best);
+      second = O::max_of(second, O::select(better, best, value));
+      best = O::max_of(best, value);
+      key = O::select(better, O::splat_int(set.key), key);
+    }
+    offer(l, best, second, key | O::splat_int(0x10000 | shift_bit << 17));
+  }
+
+  /// The certified search on sanitized z (lane k: block k). Returns the mask of the lanes whose
+  /// nearest codeword is unique by more than the margin, and sets index[k] for exactly those; the
+  /// caller decides the other lanes.
+  E8KV_HD static E8KV_FORCE_INLINE I run(const F z[8], uint32_t index[O::kWidth]) {
+    const F zero = O::splat(0.0f);
+    F sum = zero, magnitude_sum = zero;
+    for (int i = 0; i < 8; ++i) {
+      sum = sum + z[i];
+      magnitude_sum = magnitude_sum + O::abs_value(z[i]);
+    }
+    const F half_sum = O::splat(0.5f) * sum;
+    // The float error of every key (reference or estimate) stays below ~500·2^-24·(Σ|z| + 4).
+    const F margin = (magnitude_sum + O::splat(8.0f)) * O::splat(0x1.0p-13f);
+    Leader l{O::splat(-3.0e38f), O::splat(-3.0e38f), O::splat(-3.0e38f), O::splat_int(0)};
+    Shift s[2];
+    offer_shift(z, half_sum, 0, s[0], l);
+    offer_shift(z, half_sum, 1, s[1], l);
+    for (int shift_bit = 0; shift_bit < 2; ++shift_bit) {  // c7 only where it may win
+      if (O::any(O::ge(s[shift_bit].c7_bound, l.best - margin))) offer_norm_twelve(s[shift_bit], shift_bit, l);
+      else l.others = O::max_of(l.others, s[shift_bit].c7_bound);
+    }
+    I certified = O::gt(l.best - O::max_of(l.runner_up, l.others), margin);
+    if (!O::any(certified)) return certified;
+    // The winner's pattern key from its class and the sorted magnitudes of its shift: codes 1 on
+    // w ≥ v_k for ck (k = 1..4); c5: code 2 on w ≥ v1; c6: 2 on w ≥ v1, 1 on v2 ≤ w < v1. The
+    // class gaps are positive, so the thresholds select exactly the right coordinates.
+    const I is_c7 = O::ne(l.winner & O::splat_int(0x10000), O::splat_int(0));
+    const I shift_bit = O::select(is_c7, l.winner >> 17, l.winner >> 3) & O::splat_int(1);
+    const I upper = O::ne(shift_bit, O::splat_int(0));
+    const I cls = l.winner & O::splat_int(7);
+    F w[8];
+    for (int i = 0; i < 8; ++i) w[i] = O::select(upper, s[1].w[i], s[0].w[i]);
+    const I odd = O::select(upper, s[1].odd, s[0].odd);
+    const F never = O::splat(3.0e38f);
+    F one_threshold = never;
+    for (int k = 1; k <= 4; ++k)
+      one_threshold = O::select(O::eq(cls, O::splat_int(k)), O::select(upper, s[1].sorted[k - 1], s[0].sorted[k - 1]),
+                                one_threshold);
+    const F v1 = O::select(upper, s[1].sorted[0], s[0].sorted[0]);
+    const F v2 = O::select(upper, s[1].sorted[1], s[0].sorted[1]);
+    one_threshold = O::select(O::eq(cls, O::splat_int(6)), v2, one_threshold);
+    const F two_threshold = O::select(O::eq(cls, O::splat_int(5)) | O::eq(cls, O::splat_int(6)), v1, never);
+    I key = O::splat_int(0);
+    for (int i = 0; i < 8; ++i) {
+      const I code = O::select(O::ge(w[i], two_threshold), O::splat_int(2),
+                               O::select(O::ge(w[i], one_threshold), O::splat_int(1), O::splat_int(0)));
+      key = key | (code << code_shift(i));
+    }
+    key = O::select(is_c7, l.winner & O::splat_int(0xFFFF), key);
+    // The sign vector: the next best flips the two smallest a_i·w_i (right parity) or the second
+    // smallest instead of the smallest (wrong parity); its certificate, then index_for's rule
+    // (the first coordinate with the smallest a_i·w_i flips on wrong parity).
+    F m1 = never, m2 = never, aw[8];
+    I code_sum = O::splat_int(0);
+    for (int i = 0; i < 8; ++i) {
+      const I code = (key >> code_shift(i)) & O::splat_int(3);
+      code_sum = code_sum + code;
+      aw[i] = (O::to_float(code) + O::splat(0.5f)) * w[i];
+      m2 = O::min_of(m2, O::max_of(m1, aw[i]));
+      m1 = O::min_of(m1, aw[i]);
+    }
+    const I wrong = O::ne(O::ne(code_sum & O::splat_int(1), O::splat_int(0)), odd);
+    const F four = O::splat(4.0f);
+    const F sign_gap = O::select(wrong, four * (m2 - m1), four * (m1 + m2));
+    certified = certified & O::gt(sign_gap, margin);
+    if (!O::any(certified)) return certified;
+    const F t = O::select(upper, O::splat(-0.25f), O::splat(0.25f));
+    I negative = O::splat_int(0), found = O::splat_int(0), flip = O::splat_int(0);
+    for (int i = 0; i < 8; ++i) {
+      negative = negative | (O::lt(z[i] - t, zero) & O::splat_int(1 << i));
+      const I first = O::eq(aw[i], m1) & ~found;
+      flip = flip | (first & O::splat_int(1 << i));
+      found = found | first;
+    }
+    negative = negative ^ (flip & wrong);
+    const I low_bits = (negative & O::splat_int(0xFE)) | shift_bit;
+    for (int k = 0; k < O::kWidth; ++k)
+      if (O::lane(certified, k))
+        index[k] = static_cast<uint32_t>(pattern_id(static_cast<uint32_t>(O::lane(key, k)))) << 8 |
+                   static_cast<uint32_t>(O::lane(low_bits, k));
+    return certified;
+  }
 };
 
-/// The best candidate so far, its own runner-up bound, and the largest value of all others.
-struct Leader {
-  float best, best_runner_up, others;
-  int winner;    // class (0..7) + 8·shift bit
-  uint32_t key;  // pattern key of a c7 winner
-};
-
-E8KV_HD E8KV_FORCE_INLINE void offer(Leader& l, float value, float runner_up, int winner) {
-  // Branch-free: the outcome is data dependent and unpredictable.
-  const bool better = value > l.best;
-  const int mask = -static_cast<int>(better);
-  l.others = max_of(l.others, min_of(l.best, value));  // the loser joins the others
-  l.best = max_of(l.best, value);
-  l.best_runner_up = pick(better, runner_up, l.best_runner_up);
-  l.winner = (winner & mask) | (l.winner & ~mask);
-}
-
-E8KV_HD E8KV_FORCE_INLINE void order_descending(float& a, float& b) {
-  const float hi = max_of(a, b), lo = min_of(a, b);
-  a = hi;
-  b = lo;
-}
-
-/// Batcher's odd-even merge sort network for 8 values (19 comparators), descending, branch-free.
-E8KV_HD E8KV_FORCE_INLINE void sort_descending(float v[8]) {
-  order_descending(v[0], v[1]), order_descending(v[2], v[3]), order_descending(v[4], v[5]), order_descending(v[6], v[7]);
-  order_descending(v[0], v[2]), order_descending(v[1], v[3]), order_descending(v[4], v[6]), order_descending(v[5], v[7]);
-  order_descending(v[1], v[2]), order_descending(v[5], v[6]);
-  order_descending(v[0], v[4]), order_descending(v[1], v[5]), order_descending(v[2], v[6]), order_descending(v[3], v[7]);
-  order_descending(v[2], v[4]), order_descending(v[3], v[5]);
-  order_descending(v[1], v[2]), order_descending(v[3], v[4]), order_descending(v[5], v[6]);
-}
-
-/// Offers the maxima of classes c0..c6 of one shift and records what c7 and the winner need.
-E8KV_HD E8KV_FORCE_INLINE void offer_shift(const float z[8], float half_sum, int shift_bit, ShiftClasses& c,
-                                           Leader& l) {
-  const float t = shift_bit ? -0.25f : 0.25f;
-  uint32_t signs = 0;
-  c.sum = 0.0f;
-  for (int i = 0; i < 8; ++i) {
-    const float d = z[i] - t;  // never −0 (t ≠ 0), so the sign bit says d < 0
-    signs ^= float_bits(d);
-    c.w[i] = abs_value(d);
-    c.sorted[i] = c.w[i];
-    c.sum += c.w[i];
-  }
-  c.odd = signs >> 31;
-  sort_descending(c.sorted);
-  const float* v = c.sorted;
-  c.base = (c.sum - 2.0f) + (shift_bit ? -half_sum : half_sum);
-  // Parity repair (2·v8) of the even (c0, c2, c4, c5) and the odd (c1, c3, c6, c7) classes.
-  const float repair = 2.0f * v[7];
-  const float even_repair = c.odd ? repair : 0.0f, odd_repair = c.odd ? 0.0f : repair;
-  const int tag = 8 * shift_bit;
-  offer(l, c.base - even_repair, -3.0e38f, tag);
-  float inc = 0.0f;  // Σ of the top k increments 2·v − 2 of code 1
-  for (int k = 1; k <= 4; ++k) {
-    inc += 2.0f * v[k - 1] - 2.0f;
-    const float value = (c.base + inc) - ((k & 1) ? odd_repair : even_repair);
-    offer(l, value, value - 2.0f * (v[k - 1] - v[k]), tag + k);
-  }
-  c.c7_bound = (c.base + (inc + (2.0f * v[4] - 2.0f))) - odd_repair;
-  const float inc_two = 4.0f * v[0] - 6.0f;
-  float value = (c.base + inc_two) - even_repair;
-  offer(l, value, value - 4.0f * (v[0] - v[1]), tag + 5);
-  value = (c.base + (inc_two + (2.0f * v[1] - 2.0f))) - odd_repair;
-  offer(l, value, value - 2.0f * min_of(v[0] - v[1], v[1] - v[2]), tag + 6);
-}
-
-/// Offers the best c7 pattern of one shift, with the second best as its runner-up bound.
-E8KV_HD inline void offer_norm_twelve(const ShiftClasses& c, int shift_bit, Leader& l) {
-  const bool wrong_parity = c.odd == 0u;  // c7 has parity 1
-  const float cap = 6.0f * c.sorted[7];
-  const float total = 2.0f * c.sum - 10.0f;
-  float best = -3.0e38f, second = -3.0e38f;
-  uint32_t key = 0;
-  for (int n = 0; n < 29; ++n) {
-    const NormTwelveSet& set = norm_twelve_sets().set[n];
-    const float a = c.w[set.half[0]], b = c.w[set.half[1]], d = c.w[set.half[2]];
-    // Repair: the cheaper of a ½ coordinate (2·w) and a 3/2 coordinate (6·w, at best 6·v8).
-    const float repair = min_of(2.0f * min_of(min_of(a, b), d), cap);
-    const float value = (c.base + (total - 2.0f * ((a + b) + d))) - (wrong_parity ? repair : 0.0f);
-    const bool better = value > best;
-    second = max_of(second, min_of(best, value));
-    best = max_of(best, value);
-    key = better ? set.key : key;
-  }
-  const bool better = best > l.best;
-  offer(l, best, second, kClassC7 + 8 * shift_bit);
-  l.key = better ? key : l.key;
-}
-
-/// The pattern key of a certified winner of classes c0..c6: its class gaps are positive, so the
-/// thresholds select exactly the right coordinates (ck: code 1 on w ≥ v_k; c5: code 2 on w ≥ v1;
-/// c6: code 2 on w ≥ v1 and code 1 on v2 ≤ w < v1).
-E8KV_HD inline uint32_t winner_key(const ShiftClasses& c, int cls) {
-  const float one = cls >= 1 && cls <= 4 ? c.sorted[cls - 1] : cls == 6 ? c.sorted[1] : 3.0e38f;
-  const float two = cls == 5 || cls == 6 ? c.sorted[0] : 3.0e38f;
-  uint32_t key = 0;
-  for (int i = 0; i < 8; ++i) {
-    const uint32_t code = c.w[i] >= two ? 2u : (c.w[i] >= one ? 1u : 0u);
-    key |= code << code_shift(i);
-  }
-  return key;
-}
-
-/// The certified search on a sanitized z: true (and *index set) when the nearest codeword is
+/// The certified search on one sanitized z: true (and *index set) when the nearest codeword is
 /// unique by more than the margin; false when the caller must decide otherwise.
 E8KV_HD inline bool certified_search(const float z[8], uint32_t* index) {
-  float sum = 0.0f, magnitude_sum = 0.0f;
-  for (int i = 0; i < 8; ++i) {
-    sum += z[i];
-    magnitude_sum += abs_value(z[i]);
-  }
-  const float half_sum = 0.5f * sum;
-  // The float error of every key (reference or estimate) stays below ~500·2^-24·(Σ|z| + 4).
-  const float margin = (magnitude_sum + 8.0f) * 0x1.0p-13f;
-  Leader l{-3.0e38f, -3.0e38f, -3.0e38f, 0, 0u};
-  ShiftClasses c[2];
-  offer_shift(z, half_sum, 0, c[0], l);
-  offer_shift(z, half_sum, 1, c[1], l);
-  for (int shift_bit = 0; shift_bit < 2; ++shift_bit) {  // c7 only where it may win
-    if (c[shift_bit].c7_bound >= l.best - margin) offer_norm_twelve(c[shift_bit], shift_bit, l);
-    else l.others = max_of(l.others, c[shift_bit].c7_bound);
-  }
-  if (!(l.best - max_of(l.best_runner_up, l.others) > margin)) return false;
-  const int shift_bit = l.winner >> 3, cls = l.winner & 7;
-  const ShiftClasses& s = c[shift_bit];
-  const uint32_t key = cls == kClassC7 ? l.key : winner_key(s, cls);
-  // The sign vector of the winner: the next best flips the two smallest a_i·w_i (right parity)
-  // or the second smallest instead of the smallest (wrong parity).
-  float m1 = 3.0e38f, m2 = 3.0e38f;
-  uint32_t code_sum = 0;
-  for (int i = 0; i < 8; ++i) {
-    const uint32_t code = (key >> code_shift(i)) & 3u;
-    code_sum += code;
-    const float aw = (static_cast<float>(code) + 0.5f) * s.w[i];
-    m2 = min_of(m2, max_of(m1, aw));
-    m1 = min_of(m1, aw);
-  }
-  const float sign_gap = (code_sum & 1u) != s.odd ? 4.0f * (m2 - m1) : 4.0f * (m1 + m2);
-  if (!(sign_gap > margin)) return false;
-  *index = index_for(z, static_cast<uint32_t>(pattern_id(key)), static_cast<uint32_t>(shift_bit));
-  return true;
+  return CertifiedSearch<lanes::Scalar>::run(z, index) != 0;
 }
 
 /// The exhaustive search on a sanitized z, in the caller's execution space.
