@@ -8,6 +8,8 @@
 // already name the field and the accepted values.
 #include "e8kv/c_api.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -18,6 +20,7 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "e8kv/attention/attend.hpp"
@@ -84,8 +87,10 @@ class CallError : public std::runtime_error {
 void require_argument(bool condition, const char* message) {
   if (!condition) fail(E8KV_ERROR_INVALID_ARGUMENT, message);
 }
-void require_argument(bool condition, const std::string& message) {
-  if (!condition) fail(E8KV_ERROR_INVALID_ARGUMENT, message);
+/// Same, with the message formatted by fmt only on failure.
+template <class... Args>
+void require_argument(bool condition, fmt::format_string<Args...> format, Args&&... args) {
+  if (!condition) fail(E8KV_ERROR_INVALID_ARGUMENT, fmt::format(format, std::forward<Args>(args)...));
 }
 
 /// Runs `body`; maps what it throws to a status. `library_failure` is the status an e8kv::Error
@@ -125,8 +130,8 @@ e8kv::DType to_dtype(int32_t dtype, const char* argument) {
     case E8KV_DTYPE_BF16: return e8kv::DType::kBF16;
     default: break;
   }
-  fail(E8KV_ERROR_INVALID_ARGUMENT, std::string(argument) + " is " + std::to_string(dtype) +
-                                        "; accepted: E8KV_DTYPE_F32 (0), E8KV_DTYPE_F16 (1), E8KV_DTYPE_BF16 (2)");
+  fail(E8KV_ERROR_INVALID_ARGUMENT,
+       fmt::format("{} is {}; accepted: E8KV_DTYPE_F32 (0), E8KV_DTYPE_F16 (1), E8KV_DTYPE_BF16 (2)", argument, dtype));
 }
 
 /// Executor of an optional pool; `lock` holds the pool for the call.
@@ -141,8 +146,7 @@ e8kv::Executor* executor_of(e8kv_thread_pool* pool, std::unique_lock<std::mutex>
 void require_addressable(int64_t rows, int64_t heads, int64_t head_dim, const char* argument) {
   const int64_t per_row = heads * head_dim;  // both below 2^31: no overflow
   require_argument(rows <= std::numeric_limits<int64_t>::max() / 4 / std::max<int64_t>(per_row, 1),
-                   std::string(argument) + " of " + std::to_string(rows) + " rows of " + std::to_string(per_row) +
-                       " elements exceeds the address space");
+                   "{} of {} rows of {} elements exceeds the address space", argument, rows, per_row);
 }
 
 struct SequenceInput {
@@ -153,9 +157,9 @@ struct SequenceInput {
 SequenceInput convert_input(const e8kv::ModelShape& shape, const e8kv_kv_input* kv, const e8kv_query_input* queries) {
   require_argument(kv != nullptr, "kv is NULL");
   require_argument(kv->n_tokens >= 0 && kv->n_tokens <= std::numeric_limits<int32_t>::max(),
-                   "kv->n_tokens is " + std::to_string(kv->n_tokens) + "; accepted: 0 .. 2^31 - 1 (positions are int32)");
+                   "kv->n_tokens is {}; accepted: 0 .. 2^31 - 1 (positions are int32)", kv->n_tokens);
   require_argument(kv->keys != nullptr && kv->values != nullptr,
-                   "kv->keys and kv->values must point to n_layers (" + std::to_string(shape.n_layers) + ") pointers");
+                   "kv->keys and kv->values must point to n_layers ({}) pointers", shape.n_layers);
   const e8kv::DType dtype = to_dtype(kv->dtype, "kv->dtype");
   const int64_t n = kv->n_tokens;
   require_addressable(n, shape.n_kv_heads, shape.head_dim, "kv");
@@ -166,22 +170,21 @@ SequenceInput convert_input(const e8kv::ModelShape& shape, const e8kv_kv_input* 
   for (int l = 0; l < shape.n_layers; ++l) {
     const void* k = kv->keys[l];
     const void* v = kv->values[l];
-    require_argument(n == 0 || (k != nullptr && v != nullptr),
-                     "kv->keys[" + std::to_string(l) + "] or kv->values[" + std::to_string(l) + "] is NULL with " +
-                         std::to_string(n) + " tokens");
+    require_argument(n == 0 || (k != nullptr && v != nullptr), "kv->keys[{}] or kv->values[{}] is NULL with {} tokens",
+                     l, l, n);
     in.sequence.layers.push_back({e8kv::TensorView::nhd(n == 0 ? nullptr : k, dtype, n, shape.n_kv_heads, shape.head_dim),
                                   e8kv::TensorView::nhd(n == 0 ? nullptr : v, dtype, n, shape.n_kv_heads, shape.head_dim)});
   }
   if (queries != nullptr) {
-    require_argument(queries->queries != nullptr,
-                     "queries->queries must point to n_layers (" + std::to_string(shape.n_layers) + ") pointers");
+    require_argument(queries->queries != nullptr, "queries->queries must point to n_layers ({}) pointers",
+                     shape.n_layers);
     require_argument(queries->n_queries >= 1 && queries->n_queries <= std::numeric_limits<int32_t>::max(),
-                     "queries->n_queries is " + std::to_string(queries->n_queries) + "; accepted: 1 .. 2^31 - 1");
+                     "queries->n_queries is {}; accepted: 1 .. 2^31 - 1", queries->n_queries);
     const e8kv::DType qtype = to_dtype(queries->dtype, "queries->dtype");
     require_addressable(queries->n_queries, shape.n_q_heads, shape.head_dim, "queries");
     in.queries.reserve(static_cast<size_t>(shape.n_layers));
     for (int l = 0; l < shape.n_layers; ++l) {
-      require_argument(queries->queries[l] != nullptr, "queries->queries[" + std::to_string(l) + "] is NULL");
+      require_argument(queries->queries[l] != nullptr, "queries->queries[{}] is NULL", l);
       in.queries.push_back({e8kv::TensorView::nhd(queries->queries[l], qtype, queries->n_queries, shape.n_q_heads,
                                                   shape.head_dim),
                             queries->positions});
@@ -203,16 +206,15 @@ int64_t last_stored_position(const e8kv::CompressedKV& cache, int layer) {
 }
 
 void require_layer(const e8kv::CompressedKV& cache, int32_t layer) {
-  require_argument(layer >= 0 && layer < cache.n_layers(), "layer " + std::to_string(layer) + " is outside [0, " +
-                                                               std::to_string(cache.n_layers()) + ")");
+  require_argument(layer >= 0 && layer < cache.n_layers(), "layer {} is outside [0, {})", layer, cache.n_layers());
 }
 
 void require_query_position(const e8kv::CompressedKV& cache, int32_t layer, int32_t position, const std::string& what) {
-  require_argument(position >= 0, what + " " + std::to_string(position) + " is negative; accepted: >= 0");
+  require_argument(position >= 0, "{} {} is negative; accepted: >= 0", what, position);
   const int64_t last = last_stored_position(cache, layer);
-  require_argument(position >= last, what + " " + std::to_string(position) + " precedes position " +
-                                         std::to_string(last) + " stored in layer " + std::to_string(layer) +
-                                         " (a query attends to earlier tokens only)");
+  require_argument(position >= last,
+                   "{} {} precedes position {} stored in layer {} (a query attends to earlier tokens only)", what,
+                   position, last, layer);
 }
 
 /// The rows of CompressedKV::decompress_layer: the distinct positions the layer's heads store.
@@ -260,8 +262,7 @@ e8kv_status e8kv_thread_pool_create(int32_t threads, e8kv_thread_pool** pool) no
   if (pool) *pool = nullptr;
   return guarded("e8kv_thread_pool_create", E8KV_ERROR_INVALID_ARGUMENT, [&] {
     require_argument(pool != nullptr, "pool (the output) is NULL");
-    require_argument(threads >= 1 && threads <= 1024,
-                     "threads is " + std::to_string(threads) + "; accepted: 1 .. 1024");
+    require_argument(threads >= 1 && threads <= 1024, "threads is {}; accepted: 1 .. 1024", threads);
     *pool = new e8kv_thread_pool(threads);
   });
 }
@@ -279,8 +280,8 @@ e8kv_status e8kv_compressor_create(const e8kv_model_shape* shape, const char* sp
     require_argument(spec != nullptr, "spec is NULL (\"\" is the default configuration)");
     const e8kv::ModelShape s{shape->n_layers, shape->n_kv_heads, shape->n_q_heads, shape->head_dim};
     if (!e8kv::is_supported_head_dim(s.head_dim))
-      fail(E8KV_ERROR_UNSUPPORTED, "shape->head_dim " + std::to_string(s.head_dim) + " is not supported; accepted: " +
-                                       e8kv::supported_head_dims());
+      fail(E8KV_ERROR_UNSUPPORTED,
+           fmt::format("shape->head_dim {} is not supported; accepted: {}", s.head_dim, e8kv::supported_head_dims()));
     s.validate();
     e8kv::KVCompressor c(s, e8kv::Config::parse(spec));
     // A cache of no tokens: the only public way to the compressor's shared codecs.
@@ -305,10 +306,9 @@ e8kv_status e8kv_compressor_describe(const e8kv_compressor* compressor, char* te
     const std::string spec = compressor->compressor.config().describe();
     *length = spec.size();
     if (text == nullptr && capacity == 0) return;  // the length only
-    require_argument(text != nullptr, "text is NULL with capacity " + std::to_string(capacity) +
-                                          " (pass NULL and 0 to query the length)");
-    require_argument(capacity > spec.size(), "capacity " + std::to_string(capacity) + " is too small: the spec needs " +
-                                                 std::to_string(spec.size() + 1) + " bytes with its NUL");
+    require_argument(text != nullptr, "text is NULL with capacity {} (pass NULL and 0 to query the length)", capacity);
+    require_argument(capacity > spec.size(), "capacity {} is too small: the spec needs {} bytes with its NUL", capacity,
+                     spec.size() + 1);
     std::memcpy(text, spec.c_str(), spec.size() + 1);
   });
 }
@@ -342,9 +342,8 @@ e8kv_status e8kv_extend(const e8kv_compressor* compressor, e8kv_cache* cache, co
       const int32_t first = in.sequence.position(0);
       for (int l = 0; l < cache->kv.n_layers(); ++l) {
         const int64_t last = last_stored_position(cache->kv, l);
-        require_argument(first > last, "the chunk's first position " + std::to_string(first) +
-                                           " does not follow position " + std::to_string(last) + " stored in layer " +
-                                           std::to_string(l));
+        require_argument(first > last, "the chunk's first position {} does not follow position {} stored in layer {}",
+                         first, last, l);
       }
     }
     std::unique_lock<std::mutex> lock;
@@ -365,9 +364,8 @@ e8kv_status e8kv_append(const e8kv_compressor* compressor, e8kv_cache* cache, in
     // The compressor compares with the window's last position only, which misses coded tokens
     // after pinned sinks: the full check is made here.
     const int64_t last = last_stored_position(cache->kv, layer);
-    require_argument(position >= 0 && position > last, "position " + std::to_string(position) +
-                                                           " must be >= 0 and follow position " + std::to_string(last) +
-                                                           " stored in layer " + std::to_string(layer));
+    require_argument(position >= 0 && position > last,
+                     "position {} must be >= 0 and follow position {} stored in layer {}", position, last, layer);
     const e8kv::ModelShape& s = compressor->compressor.shape();
     const size_t n = static_cast<size_t>(s.n_kv_heads) * static_cast<size_t>(s.head_dim);
     if (type == e8kv::DType::kF32) {
@@ -412,17 +410,14 @@ e8kv_status e8kv_attend_batch(const e8kv_attend_request* requests, size_t n_requ
     std::vector<e8kv::AttendRequest> batch(n_requests);
     for (size_t i = 0; i < n_requests; ++i) {
       const e8kv_attend_request& r = requests[i];
-      const std::string which = "requests[" + std::to_string(i) + "]";
-      require_argument(r.cache != nullptr && r.cache->kv.valid(), which + ".cache is NULL or holds no layout");
-      require_argument(r.q != nullptr && r.out != nullptr, which + ".q or .out is NULL");
-      require_argument(r.n_tokens >= 1, which + ".n_tokens is " + std::to_string(r.n_tokens) + "; accepted: >= 1");
-      require_argument(r.layer >= 0 && r.layer < r.cache->kv.n_layers(),
-                       which + ".layer " + std::to_string(r.layer) + " is outside [0, " +
-                           std::to_string(r.cache->kv.n_layers()) + ")");
+      require_argument(r.cache != nullptr && r.cache->kv.valid(), "requests[{}].cache is NULL or holds no layout", i);
+      require_argument(r.q != nullptr && r.out != nullptr, "requests[{}].q or .out is NULL", i);
+      require_argument(r.n_tokens >= 1, "requests[{}].n_tokens is {}; accepted: >= 1", i, r.n_tokens);
+      require_argument(r.layer >= 0 && r.layer < r.cache->kv.n_layers(), "requests[{}].layer {} is outside [0, {})", i,
+                       r.layer, r.cache->kv.n_layers());
       if (r.positions != nullptr)
         for (int32_t t = 0; t < r.n_tokens; ++t)
-          require_query_position(r.cache->kv, r.layer, r.positions[t],
-                                 which + ".positions[" + std::to_string(t) + "]");
+          require_query_position(r.cache->kv, r.layer, r.positions[t], fmt::format("requests[{}].positions[{}]", i, t));
       batch[i].cache = &r.cache->kv;
       batch[i].layer = r.layer;
       batch[i].n_tokens = r.n_tokens;
@@ -441,8 +436,7 @@ e8kv_status e8kv_merge_attention(const float* out_a, const float* lse_a, const f
                                  int32_t n_heads, int32_t head_dim, float* out, float* lse) noexcept {
   return guarded("e8kv_merge_attention", E8KV_ERROR_INVALID_ARGUMENT, [&] {
     require_argument(out_a && lse_a && out_b && lse_b && out && lse, "out_a, lse_a, out_b, lse_b, out and lse must not be NULL");
-    require_argument(n_heads >= 0 && head_dim >= 0, "n_heads " + std::to_string(n_heads) + " and head_dim " +
-                                                        std::to_string(head_dim) + " must be >= 0");
+    require_argument(n_heads >= 0 && head_dim >= 0, "n_heads {} and head_dim {} must be >= 0", n_heads, head_dim);
     e8kv::merge_attention(out_a, lse_a, out_b, lse_b, n_heads, head_dim, out, lse);
   });
 }
@@ -471,10 +465,8 @@ e8kv_status e8kv_decompress_layer(const e8kv_cache* cache, int32_t layer, int64_
     // The rows are decompress_layer's own (one per stored position): decoded once, not counted
     // again here.
     const e8kv::DenseLayer dense = cache->kv.decompress_layer(layer);
-    require_argument(n_tokens == dense.tokens, "n_tokens is " + std::to_string(n_tokens) + "; layer " +
-                                                   std::to_string(layer) + " stores " +
-                                                   std::to_string(dense.tokens) +
-                                                   " positions (e8kv_cache_layer_extent)");
+    require_argument(n_tokens == dense.tokens, "n_tokens is {}; layer {} stores {} positions (e8kv_cache_layer_extent)",
+                     n_tokens, layer, dense.tokens);
     if (positions) std::copy(dense.positions.begin(), dense.positions.end(), positions);
     if (keys) std::copy(dense.keys.begin(), dense.keys.end(), keys);
     if (values) std::copy(dense.values.begin(), dense.values.end(), values);
@@ -502,8 +494,8 @@ e8kv_status e8kv_serialize(const e8kv_cache* cache, void* buffer, size_t capacit
       const size_t needed = e8kv::entropy::serialized_size(cache->kv, options);
       if (capacity < needed) {
         *size = needed;
-        fail(E8KV_ERROR_INVALID_ARGUMENT, "capacity " + std::to_string(capacity) + " is below the " +
-                                              std::to_string(needed) + " bytes the container needs");
+        fail(E8KV_ERROR_INVALID_ARGUMENT,
+             fmt::format("capacity {} is below the {} bytes the container needs", capacity, needed));
       }
     }
     require_argument(buffer != nullptr, "buffer is NULL");
@@ -548,9 +540,9 @@ e8kv_status e8kv_deserialize(const void* data, size_t size, const e8kv_compresso
       const unsigned version = bytes[8] | (static_cast<unsigned>(bytes[9]) << 8);
       const unsigned kind = bytes[10] | (static_cast<unsigned>(bytes[11]) << 8);
       if (version > e8kv::entropy::kFormatVersion)
-        fail(E8KV_ERROR_UNSUPPORTED, "container format version " + std::to_string(version) +
-                                         " is newer than this library's (it reads 1 .. " +
-                                         std::to_string(e8kv::entropy::kFormatVersion) + ")");
+        fail(E8KV_ERROR_UNSUPPORTED,
+             fmt::format("container format version {} is newer than this library's (it reads 1 .. {})", version,
+                         e8kv::entropy::kFormatVersion));
       if (kind == static_cast<unsigned>(e8kv::entropy::ContainerKind::kPlain))
         fail(E8KV_ERROR_UNSUPPORTED,
              "the container holds a plain fp16/bf16 cache (kind 2); this function reads compressed caches (kind 1)");
@@ -616,8 +608,7 @@ e8kv_status e8kv_cache_stored_tokens(const e8kv_cache* cache, int32_t layer, int
     require_argument(tokens != nullptr, "tokens (the output) is NULL");
     require_layer(cache->kv, layer);
     const int n_heads = cache->kv.layout().n_kv_heads;
-    require_argument(kv_head >= 0 && kv_head < n_heads,
-                     "kv_head " + std::to_string(kv_head) + " is outside [0, " + std::to_string(n_heads) + ")");
+    require_argument(kv_head >= 0 && kv_head < n_heads, "kv_head {} is outside [0, {})", kv_head, n_heads);
     *tokens = cache->kv.stored_tokens(layer, kv_head);
   });
 }

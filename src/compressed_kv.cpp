@@ -10,6 +10,7 @@
 #include <string>
 
 #include "detail/finite.hpp"
+#include "detail/require.hpp"
 #include "e8kv/error.hpp"
 #include "e8kv/numeric/dot.hpp"
 #include "e8kv/numeric/half.hpp"
@@ -77,9 +78,9 @@ quant::RopeTableView CacheCodecs::key_rope_view() const {
 }
 
 quant::VectorCodecArgs CacheCodecs::codec_args(int layer, int head, int kind) const {
-  require(layer >= 0 && layer < layout_.n_layers && head >= 0 && head < layout_.n_kv_heads && (kind == 0 || kind == 1),
-          "CacheCodecs::codec_args: (layer " + std::to_string(layer) + ", head " + std::to_string(head) + ", kind " +
-              std::to_string(kind) + ") out of range");
+  detail::require(
+      layer >= 0 && layer < layout_.n_layers && head >= 0 && head < layout_.n_kv_heads && (kind == 0 || kind == 1),
+      "CacheCodecs::codec_args: (layer {}, head {}, kind {}) out of range", layer, head, kind);
   quant::VectorCodecArgs a;
   a.head_dim = layout_.head_dim;
   a.scale = kind == 0 ? layout_.key_scale : layout_.value_scale;
@@ -91,7 +92,7 @@ quant::VectorCodecArgs CacheCodecs::codec_args(int layer, int head, int kind) co
 namespace {
 void require_finite(const float* x, int d, const char* what) {
   const size_t i = detail::first_non_finite(x, static_cast<size_t>(d));
-  if (i < static_cast<size_t>(d)) throw Error(std::string(what) + ": non-finite input at element " + std::to_string(i));
+  if (i < static_cast<size_t>(d)) detail::fail("{}: non-finite input at element {}", what, i);
 }
 }  // namespace
 
@@ -104,7 +105,7 @@ void CacheCodecs::encode_key(int layer, int head, const float* k, int32_t positi
   }
   require_finite(k, layout_.head_dim, "CacheCodecs::encode_key");
   if (layout_.key_frame == transform::KeyFrame::kPreRope && position < 0)
-    throw Error("CacheCodecs::encode_key: position must be >= 0 for pre-RoPE keys, got " + std::to_string(position));
+    detail::fail("CacheCodecs::encode_key: position must be >= 0 for pre-RoPE keys, got {}", position);
   const quant::VectorCodecArgs args = codec_args(layer, head, 0);
   const quant::RopeTableView rope = key_rope_view();
   quant::dispatch_block_code(q.codec(), [&](auto code) {
@@ -142,7 +143,7 @@ void CacheCodecs::decode_key_with_gain(int layer, int head, const uint8_t* codes
     return;
   }
   if (layout_.key_frame == transform::KeyFrame::kPreRope && position < 0)
-    throw Error("CacheCodecs::decode_key: position must be >= 0 for pre-RoPE keys, got " + std::to_string(position));
+    detail::fail("CacheCodecs::decode_key: position must be >= 0 for pre-RoPE keys, got {}", position);
   const quant::VectorCodecArgs args = codec_args(layer, head, 0);
   const quant::RopeTableView rope = key_rope_view();
   quant::dispatch_block_code(q.codec(), [&](auto code) {
@@ -191,7 +192,7 @@ void CacheCodecs::encode(int layer, int head, KvKind kind, size_t n, const uint1
       uint8_t* c = codes + t * cb;
       if (keys) {
         if (frame != transform::KeyFrame::kPostRope && positions[t] < 0)
-          throw Error("CacheCodecs::encode: RoPE position must be >= 0, got " + std::to_string(positions[t]));
+          detail::fail("CacheCodecs::encode: RoPE position must be >= 0, got {}", positions[t]);
         quant::prepare_key(x, d, state.mean, state.channel_scale, mean_rope, frame, positions[t]);
         gains[t] = quant::encode_key_vector_gain<Code>(x, args, removal, positions[t], c);
       } else {
@@ -233,12 +234,12 @@ void CacheCodecs::decode(int layer, int head, KvKind kind, size_t n, const uint8
 }
 
 void CacheCodecs::rope_cos_sin(int32_t position, float* cos_out, float* sin_out) const {
-  if (position < 0) throw Error("RoPE position must be >= 0, got " + std::to_string(position));
+  if (position < 0) detail::fail("RoPE position must be >= 0, got {}", position);
   for (int i = 0; i < n_pairs_; ++i) quant::rope_table_cos_sin(rope_tables_.data(), n_pairs_, position, i, cos_out[i], sin_out[i]);
 }
 
 void CacheCodecs::apply_rope_fast(float* x, int32_t position) const {
-  if (position < 0) throw Error("RoPE position must be >= 0, got " + std::to_string(position));
+  if (position < 0) detail::fail("RoPE position must be >= 0, got {}", position);
   quant::RopeTableView v;
   v.table = rope_tables_.data();
   v.rotary_dim = rope_->rotary_dim();
@@ -247,7 +248,7 @@ void CacheCodecs::apply_rope_fast(float* x, int32_t position) const {
 }
 
 void CacheCodecs::remove_rope_fast(float* x, int32_t position) const {
-  if (position < 0) throw Error("RoPE position must be >= 0, got " + std::to_string(position));
+  if (position < 0) detail::fail("RoPE position must be >= 0, got {}", position);
   quant::RopeTableView v;
   v.table = rope_tables_.data();
   v.rotary_dim = rope_->rotary_dim();
@@ -284,13 +285,11 @@ const CacheLayout& CompressedKV::layout() const {
 }
 
 const CompressedKV::LayerData& CompressedKV::layer(int l) const {
-  require(l >= 0 && l < n_layers(), "CompressedKV: layer " + std::to_string(l) + " out of range [0, " +
-                                        std::to_string(n_layers()) + ")");
+  detail::require(l >= 0 && l < n_layers(), "CompressedKV: layer {} out of range [0, {})", l, n_layers());
   return layers_[static_cast<size_t>(l)];
 }
 CompressedKV::LayerData& CompressedKV::mutable_layer(int l) {
-  require(l >= 0 && l < n_layers(), "CompressedKV: layer " + std::to_string(l) + " out of range [0, " +
-                                        std::to_string(n_layers()) + ")");
+  detail::require(l >= 0 && l < n_layers(), "CompressedKV: layer {} out of range [0, {})", l, n_layers());
   return layers_[static_cast<size_t>(l)];
 }
 

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "detail/finite.hpp"
+#include "detail/require.hpp"
 #include "layer_write.hpp"
 #include "e8kv/cache/cache_codecs.hpp"
 #include "e8kv/entropy/container.hpp"
@@ -43,22 +44,19 @@ void load_fp16_rounded(const TensorView& v, int64_t t, int64_t h, uint16_t* dst,
   for (size_t i = 0; i < d; ++i) special |= static_cast<uint32_t>((dst[i] & 0x7C00u) == 0x7C00u);
   if (special == 0) return;
   for (size_t i = 0; i < d; ++i) {
-    if (!std::isfinite(src[i]))
-      throw Error(std::string(what) + ": non-finite value at token " + std::to_string(t) + ", head " + std::to_string(h));
+    if (!std::isfinite(src[i])) detail::fail("{}: non-finite value at token {}, head {}", what, t, h);
     if ((dst[i] & 0x7C00u) == 0x7C00u)
-      throw Error(std::string(what) + ": value " + std::to_string(src[i]) + " at token " + std::to_string(t) +
-                  " exceeds the fp16 range of the cache");
+      detail::fail("{}: value {} at token {} exceeds the fp16 range of the cache", what, src[i], t);
   }
 }
 
 void check_layer_view(const TensorView& v, const ModelShape& s, int64_t tokens, const char* what, int layer) {
-  const std::string where = std::string(what) + " of layer " + std::to_string(layer);
-  require(v.tokens() == tokens, where + ": token count " + std::to_string(v.tokens()) + " differs from keys' " +
-                                    std::to_string(tokens));
-  require(v.heads() == s.n_kv_heads, where + ": " + std::to_string(v.heads()) + " heads, model has " +
-                                         std::to_string(s.n_kv_heads) + " KV heads");
-  require(v.head_dim() == s.head_dim, where + ": head_dim " + std::to_string(v.head_dim()) + ", model has " +
-                                          std::to_string(s.head_dim));
+  detail::require(v.tokens() == tokens, "{} of layer {}: token count {} differs from keys' {}", what, layer, v.tokens(),
+                  tokens);
+  detail::require(v.heads() == s.n_kv_heads, "{} of layer {}: {} heads, model has {} KV heads", what, layer, v.heads(),
+                  s.n_kv_heads);
+  detail::require(v.head_dim() == s.head_dim, "{} of layer {}: head_dim {}, model has {}", what, layer, v.head_dim(),
+                  s.head_dim);
 }
 
 /// The largest stored position of a position set, −1 when empty. The pinned sinks sit at the
@@ -84,8 +82,7 @@ void require_finite_layer(const TensorView& v, const char* what, int layer) {
         v.load(t, h, buf);
       const size_t i = detail::first_non_finite(x, static_cast<size_t>(d));
       if (i < static_cast<size_t>(d))
-        throw Error(std::string(what) + " of layer " + std::to_string(layer) + ": non-finite value at token " +
-                    std::to_string(t) + ", head " + std::to_string(h) + ", element " + std::to_string(i));
+        detail::fail("{} of layer {}: non-finite value at token {}, head {}, element {}", what, layer, t, h, i);
     }
 }
 
@@ -100,8 +97,7 @@ void add_normalized_scores(const std::vector<float>& scores, int layer, std::vec
   double lo = 0.0;
   for (size_t t = 0; t < scores.size(); ++t) {
     if (!std::isfinite(scores[t]))
-      throw Error("compress: shared selection: non-finite score of token " + std::to_string(t) + " in layer " +
-                  std::to_string(layer));
+      detail::fail("compress: shared selection: non-finite score of token {} in layer {}", t, layer);
     lo = std::min(lo, static_cast<double>(scores[t]));
   }
   double sum = 0.0;
@@ -116,8 +112,8 @@ void add_normalized_scores(const std::vector<float>& scores, int layer, std::vec
 std::vector<LayerRate> KVCompressor::allocate_rates(const SequenceKV& prefill, const std::vector<LayerQueries>* queries,
                                                     Executor* executor) const {
   const int L = shape_.n_layers;
-  require(static_cast<int>(prefill.layers.size()) == L,
-          "compress: " + std::to_string(prefill.layers.size()) + " layers given, model has " + std::to_string(L));
+  detail::require(static_cast<int>(prefill.layers.size()) == L, "compress: {} layers given, model has {}",
+                  prefill.layers.size(), L);
   require(queries == nullptr || static_cast<int>(queries->size()) == L,
           "compress: queries must hold one LayerQueries per layer");
   const int64_t n = prefill.tokens();
@@ -152,9 +148,8 @@ std::vector<LayerRate> KVCompressor::allocate_rates(const SequenceKV& prefill, c
       const LayerQueries& lq = (*queries)[static_cast<size_t>(l)];
       in.queries = &lq.queries;
       in.query_positions = lq.positions;
-      require(lq.queries.heads() == shape_.n_q_heads && lq.queries.head_dim() == shape_.head_dim,
-              "compress: layer " + std::to_string(l) + " queries must be [window, " + std::to_string(shape_.n_q_heads) +
-                  ", " + std::to_string(shape_.head_dim) + "]");
+      detail::require(lq.queries.heads() == shape_.n_q_heads && lq.queries.head_dim() == shape_.head_dim,
+                      "compress: layer {} queries must be [window, {}, {}]", l, shape_.n_q_heads, shape_.head_dim);
     }
     in.q_heads = shape_.n_q_heads;
     in.softmax_scale = layout.effective_softmax_scale();
@@ -195,7 +190,7 @@ std::vector<CompressedKV> KVCompressor::compress_batch(const std::vector<Sequenc
 }
 
 void KVCompressor::check_cache(const CompressedKV& cache, const char* what) const {
-  require(cache.valid(), std::string(what) + ": the cache is empty (default-constructed)");
+  detail::require(cache.valid(), "{}: the cache is empty (default-constructed)", what);
   if (cache.shared_codecs() == codecs_) return;
   // A cache read back from a container carries codecs of its own: equal layouts are the same codec.
   // With a rate budget every cache has its own per-layer codes: the rest must match.
@@ -205,14 +200,14 @@ void KVCompressor::check_cache(const CompressedKV& cache, const char* what) cons
     mine.value_codec = cache.layout().value_codec;
   }
   const std::string diff = entropy::layout_difference(cache.layout(), mine);
-  require(diff.empty(), std::string(what) + ": the cache was made with another layout (" + diff + ")");
+  detail::require(diff.empty(), "{}: the cache was made with another layout ({})", what, diff);
 }
 
 void KVCompressor::extend(CompressedKV& cache, const SequenceKV& chunk, const std::vector<LayerQueries>* queries,
                           Executor* executor) const {
   check_cache(cache, "extend");
-  require(static_cast<int>(chunk.layers.size()) == shape_.n_layers,
-          "compress: " + std::to_string(chunk.layers.size()) + " layers given, model has " + std::to_string(shape_.n_layers));
+  detail::require(static_cast<int>(chunk.layers.size()) == shape_.n_layers, "compress: {} layers given, model has {}",
+                  chunk.layers.size(), shape_.n_layers);
   require(queries == nullptr || static_cast<int>(queries->size()) == shape_.n_layers,
           "compress: queries must hold one LayerQueries per layer");
   const int64_t n = chunk.tokens();
@@ -251,9 +246,10 @@ void KVCompressor::extend(CompressedKV& cache, const SequenceKV& chunk, const st
   if (config_.shared_selection && evict) {
     const int64_t before = cache.layer(0).original_tokens;
     for (int l = 1; l < shape_.n_layers; ++l)
-      require(cache.layer(l).original_tokens == before,
-              "compress: shared selection needs every layer at the same length; layer " + std::to_string(l) + " has " +
-                  std::to_string(cache.layer(l).original_tokens) + " tokens, layer 0 " + std::to_string(before));
+      detail::require(
+          cache.layer(l).original_tokens == before,
+          "compress: shared selection needs every layer at the same length; layer {} has {} tokens, layer 0 {}", l,
+          cache.layer(l).original_tokens, before);
     std::vector<std::vector<float>> token_scores(static_cast<size_t>(shape_.n_layers));
     run_tasks(executor, shape_.n_layers, [&](int64_t li) {
       const int l = static_cast<int>(li);
@@ -286,8 +282,8 @@ void KVCompressor::extend(CompressedKV& cache, const SequenceKV& chunk, const st
     if (n > 0)
       for (size_t s = 0; s < ld.positions.size(); ++s) {
         const int64_t last = last_position(ld, s);
-        require(last < pos[0], "compress: chunk position " + std::to_string(pos[0]) +
-                                   " must follow the cache's last position " + std::to_string(last));
+        detail::require(last < pos[0], "compress: chunk position {} must follow the cache's last position {}", pos[0],
+                        last);
       }
     const select::EvictionOptions eo = eviction_options(ld.original_tokens);
     const int64_t sinks_here = eo.sinks;
@@ -333,9 +329,9 @@ void KVCompressor::extend(CompressedKV& cache, const SequenceKV& chunk, const st
         cache.codecs().key_quantizer(l).codec() != quant::Codec::kFp16) {
       const TensorView& qv = (*queries)[static_cast<size_t>(l)].queries;
       const int64_t G = shape_.n_q_heads / H;
-      require(qv.heads() == shape_.n_q_heads && qv.head_dim() == d && qv.tokens() >= 1,
-              "compress: layer " + std::to_string(l) + " queries must be [window >= 1, " +
-                  std::to_string(shape_.n_q_heads) + ", " + std::to_string(d) + "] for query-weighted keys");
+      detail::require(qv.heads() == shape_.n_q_heads && qv.head_dim() == d && qv.tokens() >= 1,
+                      "compress: layer {} queries must be [window >= 1, {}, {}] for query-weighted keys", l,
+                      shape_.n_q_heads, d);
       in.query_energy.assign(static_cast<size_t>(H), std::vector<float>(static_cast<size_t>(d), 0.f));
       std::vector<double> acc(static_cast<size_t>(d));
       float qbuf[512];
@@ -350,7 +346,7 @@ void KVCompressor::extend(CompressedKV& cache, const SequenceKV& chunk, const st
         for (int64_t i = 0; i < d; ++i)
           e[static_cast<size_t>(i)] = static_cast<float>(acc[static_cast<size_t>(i)] / static_cast<double>(qv.tokens() * G));
         cache.codecs().average_rope_pairs(e.data());
-        for (float x : e) require(std::isfinite(x), "compress: non-finite observation queries in layer " + std::to_string(l));
+        for (float x : e) detail::require(std::isfinite(x), "compress: non-finite observation queries in layer {}", l);
       }
     }
     writes[static_cast<size_t>(l)] = std::make_unique<detail::LayerWrite>(cache, l, std::move(in));
@@ -365,9 +361,9 @@ void KVCompressor::append(CompressedKV& cache, int layer, const float* k, const 
   const auto& ld = cache.layer(layer);
   const int64_t H = shape_.n_kv_heads, d = shape_.head_dim;
   for (size_t s = 0; s < ld.positions.size(); ++s)
-    require(position >= 0 && position > last_position(ld, s),
-            "append: position " + std::to_string(position) + " must be >= 0 and follow the layer's last position " +
-                std::to_string(last_position(ld, s)));
+    detail::require(position >= 0 && position > last_position(ld, s),
+                    "append: position {} must be >= 0 and follow the layer's last position {}", position,
+                    last_position(ld, s));
   const TensorView kv_k = TensorView::nhd(k, DType::kF32, 1, H, d);
   const TensorView kv_v = TensorView::nhd(v, DType::kF32, 1, H, d);
   detail::LayerInput in;
@@ -390,8 +386,8 @@ void KVCompressor::attend(const CompressedKV& cache, int layer, const float* q, 
   const auto& ld = cache.layer(layer);
   for (size_t s = 0; s < ld.positions.size(); ++s)
     if (last_position(ld, s) > position)
-      throw Error("attend: query position " + std::to_string(position) + " precedes stored position " +
-                  std::to_string(last_position(ld, s)) + " of layer " + std::to_string(layer));
+      detail::fail("attend: query position {} precedes stored position {} of layer {}", position, last_position(ld, s),
+                   layer);
   e8kv::attend(cache, layer, q, out);
 }
 

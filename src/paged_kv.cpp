@@ -8,6 +8,7 @@
 #include <numeric>
 #include <string>
 
+#include "detail/require.hpp"
 #include "e8kv/cache/cache_codecs.hpp"
 #include "e8kv/cuda/rotated_attention_math.hpp"
 #include "e8kv/error.hpp"
@@ -16,24 +17,24 @@
 namespace e8kv {
 
 int64_t PagedBlockTable::slot(int b, int64_t t) const {
-  require(b >= 0 && b < batch(), "PagedBlockTable::slot: sequence " + std::to_string(b) + " out of range");
+  detail::require(b >= 0 && b < batch(), "PagedBlockTable::slot: sequence {} out of range", b);
   const int64_t pages = page_indptr[static_cast<size_t>(b) + 1] - page_indptr[static_cast<size_t>(b)];
-  require(t >= 0 && t < pages * page_tokens,
-          "PagedBlockTable::slot: token " + std::to_string(t) + " beyond the pages of sequence " + std::to_string(b));
+  detail::require(t >= 0 && t < pages * page_tokens, "PagedBlockTable::slot: token {} beyond the pages of sequence {}",
+                  t, b);
   return paged_slot(page_indptr.data(), page_indices.data(), b, t, page_tokens);
 }
 
 PagedBlockTable make_block_table(const std::vector<int32_t>& capacity_tokens, int page_tokens, uint64_t shuffle_seed,
                                  int spare_pages) {
-  require(page_tokens >= 1, "make_block_table: page_tokens must be >= 1, got " + std::to_string(page_tokens));
-  require(spare_pages >= 0, "make_block_table: spare_pages must be >= 0, got " + std::to_string(spare_pages));
+  detail::require(page_tokens >= 1, "make_block_table: page_tokens must be >= 1, got {}", page_tokens);
+  detail::require(spare_pages >= 0, "make_block_table: spare_pages must be >= 0, got {}", spare_pages);
   PagedBlockTable t;
   t.page_tokens = page_tokens;
   t.coded_lens = capacity_tokens;
   t.page_indptr.assign(capacity_tokens.size() + 1, 0);
   int64_t used = 0;
   for (size_t b = 0; b < capacity_tokens.size(); ++b) {
-    require(capacity_tokens[b] >= 0, "make_block_table: capacity_tokens[" + std::to_string(b) + "] is negative");
+    detail::require(capacity_tokens[b] >= 0, "make_block_table: capacity_tokens[{}] is negative", b);
     used += (static_cast<int64_t>(capacity_tokens[b]) + page_tokens - 1) / page_tokens;
     require(used + spare_pages <= std::numeric_limits<int32_t>::max(), "make_block_table: more than 2^31-1 pages");
     t.page_indptr[b + 1] = static_cast<int32_t>(used);
@@ -55,15 +56,15 @@ PagedBlockTable make_block_table(const std::vector<int32_t>& capacity_tokens, in
 
 PagedLayout paged_layout_for(const CacheCodecs& codecs, int layer, int page_tokens) {
   const CacheLayout& L = codecs.layout();
-  require(layer >= 0 && layer < L.n_layers, "paged_layout_for: layer " + std::to_string(layer) + " out of range");
-  require(page_tokens >= 1, "paged_layout_for: page_tokens must be >= 1, got " + std::to_string(page_tokens));
+  detail::require(layer >= 0 && layer < L.n_layers, "paged_layout_for: layer {} out of range", layer);
+  detail::require(page_tokens >= 1, "paged_layout_for: page_tokens must be >= 1, got {}", page_tokens);
   const quant::Codec kc = L.key_codec[static_cast<size_t>(layer)], vc = L.value_codec[static_cast<size_t>(layer)];
-  require(L.gain_bits == 8 || L.gain_bits == 16,
-          "paged_layout_for: gain_bits must be 8 or 16, got " + std::to_string(L.gain_bits));
+  detail::require(L.gain_bits == 8 || L.gain_bits == 16, "paged_layout_for: gain_bits must be 8 or 16, got {}",
+                  L.gain_bits);
   const PagedLayout out = make_paged_layout(page_tokens, L.n_kv_heads, L.head_dim, quant::index_bits(kc),
                                             quant::index_bits(vc), L.per_head_positions, L.gain_bits);
-  require(out.page_bytes > 0, "paged_layout_for: unsupported shape (head_dim " + std::to_string(L.head_dim) +
-                                  ", kv_heads " + std::to_string(L.n_kv_heads) + ")");
+  detail::require(out.page_bytes > 0, "paged_layout_for: unsupported shape (head_dim {}, kv_heads {})", L.head_dim,
+                  L.n_kv_heads);
   // The layout must agree with the quantizers' own byte counts.
   require(static_cast<size_t>(out.key_code_bytes) == codecs.key_quantizer(layer).code_bytes() &&
               static_cast<size_t>(out.value_code_bytes) == codecs.value_quantizer(layer).code_bytes(),
@@ -73,7 +74,7 @@ PagedLayout paged_layout_for(const CacheCodecs& codecs, int layer, int page_toke
 
 std::vector<uint32_t> packed_sign_bits(const CacheCodecs& codecs, int layer) {
   const CacheLayout& L = codecs.layout();
-  require(layer >= 0 && layer < L.n_layers, "packed_sign_bits: layer " + std::to_string(layer) + " out of range");
+  detail::require(layer >= 0 && layer < L.n_layers, "packed_sign_bits: layer {} out of range", layer);
   const size_t words = static_cast<size_t>(transform::hadamard_sign_words(L.head_dim));
   std::vector<uint32_t> out(static_cast<size_t>(L.n_kv_heads) * 2 * words);
   for (int h = 0; h < L.n_kv_heads; ++h)
@@ -116,9 +117,8 @@ void stored_counts(const CompressedKV& c, int layer, int64_t& coded, int64_t& wi
   coded = c.coded_tokens(layer, 0);
   window = c.window_tokens(layer, 0);
   for (int h = 1; h < H; ++h)
-    require(c.coded_tokens(layer, h) == coded && c.window_tokens(layer, h) == window,
-            "to_paged: per-head position sets of different sizes cannot share pages (layer " + std::to_string(layer) +
-                ")");
+    detail::require(c.coded_tokens(layer, h) == coded && c.window_tokens(layer, h) == window,
+                    "to_paged: per-head position sets of different sizes cannot share pages (layer {})", layer);
 }
 
 }  // namespace
@@ -173,9 +173,9 @@ PagedLayer to_paged(const std::vector<const CompressedKV*>& batch, int layer, co
     }
   }
   out.window_capacity = static_cast<int32_t>(options.window_capacity < 0 ? max_window : options.window_capacity);
-  require(out.window_capacity >= max_window, "to_paged: window_capacity " + std::to_string(out.window_capacity) +
-                                                 " is smaller than the largest window (" + std::to_string(max_window) +
-                                                 ")");
+  detail::require(out.window_capacity >= max_window,
+                  "to_paged: window_capacity {} is smaller than the largest window ({})", out.window_capacity,
+                  max_window);
   const size_t cap = static_cast<size_t>(out.window_capacity);
   out.window_keys.assign(static_cast<size_t>(B) * H * cap * d, 0);
   out.window_values.assign(out.window_keys.size(), 0);
@@ -236,9 +236,8 @@ PagedLayer to_paged(const std::vector<const CompressedKV*>& batch, int layer, co
 
 void from_paged(const PagedLayer& paged, int layer, const std::vector<CompressedKV*>& batch) {
   const PagedLayout& PL = paged.layout;
-  require(static_cast<int>(batch.size()) == paged.table.batch(),
-          "from_paged: " + std::to_string(batch.size()) + " caches given for a batch of " +
-              std::to_string(paged.table.batch()));
+  detail::require(static_cast<int>(batch.size()) == paged.table.batch(),
+                  "from_paged: {} caches given for a batch of {}", batch.size(), paged.table.batch());
   require(paged.pool.size() == static_cast<size_t>(paged.table.n_pages) * static_cast<size_t>(PL.page_bytes),
           "from_paged: pool size disagrees with the block table");
   const int H = PL.kv_heads, d = PL.head_dim;
@@ -266,16 +265,16 @@ void from_paged(const PagedLayer& paged, int layer, const std::vector<Compressed
     require(batch[b] != nullptr && batch[b]->valid(), "from_paged: null or empty cache in the batch");
     CompressedKV& c = *batch[b];
     const PagedLayout expect = paged_layout_for(c.codecs(), layer, PL.page_tokens);
-    require(expect.page_bytes == PL.page_bytes && expect.key_code_bytes == PL.key_code_bytes &&
-                expect.value_code_bytes == PL.value_code_bytes && expect.kv_heads == H &&
-                expect.key_gain_bytes == PL.key_gain_bytes && expect.value_gain_bytes == PL.value_gain_bytes &&
-                expect.position_sets == PL.position_sets,
-            "from_paged: cache " + std::to_string(b) + " was made with different codecs than the paged layer");
+    detail::require(expect.page_bytes == PL.page_bytes && expect.key_code_bytes == PL.key_code_bytes &&
+                        expect.value_code_bytes == PL.value_code_bytes && expect.kv_heads == H &&
+                        expect.key_gain_bytes == PL.key_gain_bytes && expect.value_gain_bytes == PL.value_gain_bytes &&
+                        expect.position_sets == PL.position_sets,
+                    "from_paged: cache {} was made with different codecs than the paged layer", b);
     auto& ld = e8kv::detail::CacheStorage::layer(c, layer);
-    require(static_cast<int>(ld.positions.size()) == PL.position_sets,
-            "from_paged: cache " + std::to_string(b) + " has a different number of position sets");
-    require(paged.means.empty() != c.layout().center,
-            "from_paged: cache " + std::to_string(b) + " and the paged layer disagree on centring");
+    detail::require(static_cast<int>(ld.positions.size()) == PL.position_sets,
+                    "from_paged: cache {} has a different number of position sets", b);
+    detail::require(paged.means.empty() != c.layout().center,
+                    "from_paged: cache {} and the paged layer disagree on centring", b);
     const bool key_coded = PL.key_gain_bytes != 0, value_coded = PL.value_gain_bytes != 0;
     const int64_t n = paged.table.coded_lens[b];
     const int64_t nw = paged.window_lens[b];
@@ -334,8 +333,8 @@ void from_paged(const PagedLayer& paged, int layer, const std::vector<Compressed
     }
     ld.query_energy.clear();
     if (!paged.query_energy.empty() && !paged.query_energy[b].empty()) {
-      require(paged.query_energy[b].size() == static_cast<size_t>(H) * d,
-              "from_paged: query_energy of sequence " + std::to_string(b) + " must hold kv_heads x head_dim floats");
+      detail::require(paged.query_energy[b].size() == static_cast<size_t>(H) * d,
+                      "from_paged: query_energy of sequence {} must hold kv_heads x head_dim floats", b);
       for (int h = 0; h < H; ++h)
         ld.query_energy.emplace_back(paged.query_energy[b].begin() + static_cast<std::ptrdiff_t>(h) * d,
                                      paged.query_energy[b].begin() + static_cast<std::ptrdiff_t>(h + 1) * d);

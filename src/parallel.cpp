@@ -3,12 +3,13 @@
 
 #include <exception>
 
+#include "detail/require.hpp"
 #include "e8kv/error.hpp"
 
 namespace e8kv {
 
 ThreadPool::ThreadPool(int threads) {
-  require(threads >= 1 && threads <= 1024, "ThreadPool: threads must be in [1, 1024], got " + std::to_string(threads));
+  detail::require(threads >= 1 && threads <= 1024, "ThreadPool: threads must be in [1, 1024], got {}", threads);
   workers_.reserve(static_cast<size_t>(threads - 1));
   for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { worker_loop(); });
 }

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "detail/require.hpp"
 #include "e8kv/error.hpp"
 #include "e8kv/numeric/random.hpp"
 #include "e8kv/select/eviction.hpp"
@@ -99,10 +100,9 @@ LayerScores score_layer(const TensorView& keys, const int32_t* key_positions, co
                         const ScorerOptions& o, float softmax_scale) {
   const int64_t T = keys.tokens(), H = keys.heads(), d = keys.head_dim();
   if (!known(o.kind))
-    throw Error("ScorerOptions.kind " + std::to_string(static_cast<int>(o.kind)) +
-                " is unknown; accepted: 0 obs-window, 1 multi-window, 2 key-key, 3 streaming, 4 random, 5 key-norm");
-  if (!known(o.gqa))
-    throw Error("ScorerOptions.gqa " + std::to_string(static_cast<int>(o.gqa)) + " is unknown; accepted: 0 mean, 1 max");
+    detail::fail("ScorerOptions.kind {} is unknown; accepted: {}", static_cast<int>(o.kind),
+                 "0 obs-window, 1 multi-window, 2 key-key, 3 streaming, 4 random, 5 key-norm");
+  if (!known(o.gqa)) detail::fail("ScorerOptions.gqa {} is unknown; accepted: 0 mean, 1 max", static_cast<int>(o.gqa));
   require(o.window >= 1, "ScorerOptions.window must be >= 1");
   require(o.pool_kernel >= 1 && o.pool_kernel % 2 == 1, "ScorerOptions.pool_kernel must be odd and >= 1");
   require(T == 0 || key_positions != nullptr, "score_layer: key positions are required");
@@ -152,12 +152,12 @@ LayerScores score_layer(const TensorView& keys, const int32_t* key_positions, co
     }
     case ScorerKind::kObservationWindow:
     case ScorerKind::kMultiWindow: {
-      require(queries != nullptr && !queries->queries.empty(),
-              std::string("scorer '") + to_string(o.kind) + "' needs observation queries");
+      detail::require(queries != nullptr && !queries->queries.empty(), "scorer '{}' needs observation queries",
+                      to_string(o.kind));
       const TensorView& q = queries->queries;
       require(q.head_dim() == d, "score_layer: query head_dim differs from key head_dim");
-      require(q.heads() % H == 0, "score_layer: query heads (" + std::to_string(q.heads()) +
-                                      ") must be a multiple of KV heads (" + std::to_string(H) + ")");
+      detail::require(q.heads() % H == 0, "score_layer: query heads ({}) must be a multiple of KV heads ({})",
+                      q.heads(), H);
       const int64_t group = q.heads() / H, W = q.tokens();
       std::vector<int32_t> qpos(static_cast<size_t>(W));
       for (int64_t w = 0; w < W; ++w)
@@ -192,8 +192,7 @@ LayerScores score_layer(const TensorView& keys, const int32_t* key_positions, co
 
 std::vector<float> aggregate_heads(const LayerScores& s, Aggregation how) {
   if (!known(how))
-    throw Error("aggregate_heads: aggregation " + std::to_string(static_cast<int>(how)) +
-                " is unknown; accepted: 0 mean, 1 max");
+    detail::fail("aggregate_heads: aggregation {} is unknown; accepted: 0 mean, 1 max", static_cast<int>(how));
   std::vector<float> out(static_cast<size_t>(s.tokens), how == Aggregation::kMax ? -std::numeric_limits<float>::infinity() : 0.f);
   if (s.kv_heads == 0) {
     std::fill(out.begin(), out.end(), 0.f);
@@ -209,7 +208,7 @@ std::vector<float> aggregate_heads(const LayerScores& s, Aggregation how) {
 }
 
 int64_t kept_count(int64_t n, const EvictionOptions& o) {
-  require(o.rate >= 0.0 && o.rate < 1.0, "EvictionOptions.rate must be in [0, 1), got " + std::to_string(o.rate));
+  detail::require(o.rate >= 0.0 && o.rate < 1.0, "EvictionOptions.rate must be in [0, 1), got {}", o.rate);
   require(o.sinks >= 0 && o.recent >= 0, "EvictionOptions: sinks and recent must be >= 0");
   const int64_t evict = std::llround(o.rate * static_cast<double>(n));
   const int64_t floor_keep = std::min<int64_t>(n, static_cast<int64_t>(o.sinks) + o.recent);

@@ -20,6 +20,7 @@
 
 #include "attention/attend_kernels.hpp"
 #include "detail/finite.hpp"
+#include "detail/require.hpp"
 #include "e8kv/numeric/fp.hpp"
 #include "e8kv/cache/cache_codecs.hpp"
 #include "e8kv/codebook/host_decode.hpp"
@@ -82,8 +83,7 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 LayerPlan plan_layer(const CompressedKV& cache, int layer) {
   require(cache.valid(), "attend: the cache is empty (default-constructed)");
   const CacheLayout& L = cache.layout();
-  require(layer >= 0 && layer < L.n_layers,
-          "attend: layer " + std::to_string(layer) + " out of range [0, " + std::to_string(L.n_layers) + ")");
+  detail::require(layer >= 0 && layer < L.n_layers, "attend: layer {} out of range [0, {})", layer, L.n_layers);
   const auto& codecs = cache.codecs();
   LayerPlan p;
   p.cache = &cache;
@@ -94,7 +94,7 @@ LayerPlan plan_layer(const CompressedKV& cache, int layer) {
   p.d = L.head_dim;
   p.blocks = L.head_dim / 8;
   // The value kernels hold two blocks at a time (every supported head_dim is a multiple of 16).
-  require(p.blocks % 2 == 0, "attend: head_dim " + std::to_string(p.d) + " is not a multiple of 16");
+  detail::require(p.blocks % 2 == 0, "attend: head_dim {} is not a multiple of 16", p.d);
   p.pairs = codecs.rope().rotary_dim() / 2;
   p.P = (p.pairs + 7) / 8 * 8;
   p.frame = L.key_frame;
@@ -131,7 +131,7 @@ LayerPlan plan_layer(const CompressedKV& cache, int layer) {
   if (p.frame == KeyFrame::kPreRope && key_coded)
     for (int h = 0; h < p.H; ++h)
       for (int32_t pos : cache.positions(layer, h))
-        require(pos >= 0, "attend: RoPE position must be >= 0, got " + std::to_string(pos));
+        detail::require(pos >= 0, "attend: RoPE position must be >= 0, got {}", pos);
   return p;
 }
 
@@ -590,8 +590,8 @@ void finish_request(ResolvedRequest& r) {
 void check_query(const float* q, size_t n, int n_q_heads, int d) {
   const size_t i = detail::first_non_finite(q, n);
   if (i < n)
-    throw Error("attend: non-finite query value at token " + std::to_string(i / (static_cast<size_t>(n_q_heads) * d)) +
-                ", query head " + std::to_string(i / d % n_q_heads) + ", element " + std::to_string(i % d));
+    detail::fail("attend: non-finite query value at token {}, query head {}, element {}",
+                 i / (static_cast<size_t>(n_q_heads) * d), i / d % n_q_heads, i % d);
 }
 
 
@@ -602,9 +602,9 @@ void attend_batch(const std::vector<AttendRequest>& requests, const AttendOption
   std::vector<std::pair<size_t, int64_t>> items;  // (request, chunk)
   for (size_t i = 0; i < requests.size(); ++i) {
     const AttendRequest& a = requests[i];
-    require(a.cache != nullptr, "attend: request " + std::to_string(i) + " has no cache");
-    require(a.q != nullptr && a.out != nullptr, "attend: request " + std::to_string(i) + ": q and out must not be null");
-    require(a.n_tokens >= 1, "attend: request " + std::to_string(i) + ": n_tokens must be >= 1, got " + std::to_string(a.n_tokens));
+    detail::require(a.cache != nullptr, "attend: request {} has no cache", i);
+    detail::require(a.q != nullptr && a.out != nullptr, "attend: request {}: q and out must not be null", i);
+    detail::require(a.n_tokens >= 1, "attend: request {}: n_tokens must be >= 1, got {}", i, a.n_tokens);
     ResolvedRequest& r = resolved[i];
     r.plan = plan_layer(*a.cache, a.layer);
     r.n_tokens = a.n_tokens;

@@ -6,6 +6,8 @@
 
 #include <string>
 
+#include "detail/require.hpp"
+
 namespace e8kv::transform {
 namespace {
 
@@ -58,7 +60,7 @@ void run(int dim, const float* mult, const float* in, float* out, size_t n, size
 #undef E8KV_HADAMARD_RUN_CASE
     default:
       // The constructor admits only supported dims; a new dim missing here is a bug, not input.
-      throw Error("RandomizedHadamard: dim = " + std::to_string(dim) + " has no batch kernel");
+      e8kv::detail::fail("RandomizedHadamard: dim = {} has no batch kernel", dim);
   }
 }
 
@@ -81,10 +83,9 @@ void RandomizedHadamard::check_batch(const char* what, const float* in, const fl
   if (n == 0) return;
   // Messages are built only on failure: this runs once per (batch of) vector(s).
   if (in == nullptr || out == nullptr)
-    throw Error(std::string("RandomizedHadamard::") + what + ": input and output pointers must be non-null");
+    e8kv::detail::fail("RandomizedHadamard::{}: input and output pointers must be non-null", what);
   if (n != 1 && stride < static_cast<size_t>(dim_))
-    throw Error(std::string("RandomizedHadamard::") + what + ": stride = " + std::to_string(stride) +
-                " must be >= dim = " + std::to_string(dim_) + " when n > 1");
+    e8kv::detail::fail("RandomizedHadamard::{}: stride = {} must be >= dim = {} when n > 1", what, stride, dim_);
 }
 
 }  // namespace e8kv::transform
