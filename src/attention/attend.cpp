@@ -275,7 +275,9 @@ void fill_cos_sin(const LayerPlan& p, const int32_t* positions, int64_t m, Scrat
 /// S⁻¹ and the mean, then RoPE from the tile's cos/sin rows `cs`: what decompress_head gives, to
 /// rounding); for codes without a register decoder, in the rotated basis at unit scale without
 /// the gain.
-void decode_keys_ahead(const LayerPlan& p, int h, int64_t t0, int64_t m, const float* cs, float* rows) {
+template <class Code>
+E8KV_FORCE_INLINE void decode_keys_ahead_body(const LayerPlan& p, int h, int64_t t0, int64_t m, const float* cs,
+                                              float* rows) {
   const auto& cache = *p.cache;
   const auto& codecs = cache.codecs();
   const auto& hd = cache.layer(p.layer).heads[static_cast<size_t>(h)];
@@ -283,26 +285,22 @@ void decode_keys_ahead(const LayerPlan& p, int h, int64_t t0, int64_t m, const f
   const int d = p.d;
   const bool pre = p.frame == KeyFrame::kPreRope;
   const auto gain = hd.key_gains_reader();
-  quant::dispatch_block_code(p.key_codec, [&](auto code) {
-    using Code = decltype(code);
-    constexpr int kBytes = Code::kIndexBits / 8;
-    const auto tables = codebook::host_decode::tables();
-    for (int64_t t = 0; t < m; ++t) {
-      const uint8_t* c = &hd.key_codes[static_cast<size_t>(t0 + t) * cb];
-      const float g = pre ? gain(static_cast<size_t>(t0 + t)) : 1.f;
-      for (int j = 0; j < d / 8; ++j) {
-        const uint32_t index = attention::kernels::load_index(c + j * kBytes, kBytes);
-        float* y = rows + t * d + 8 * j;
-        if constexpr (codebook::host_decode::kHasTableDecode<Code>) {
-          codebook::host_decode::decode_scaled_block<Code>(tables, index, g, y);
-        } else {
-          Code::decode(index, y);
-          for (int i = 0; i < 8; ++i) y[i] *= g;
-        }
+  constexpr int kBytes = Code::kIndexBits / 8;
+  const auto tables = codebook::host_decode::tables();
+  for (int64_t t = 0; t < m; ++t) {
+    const uint8_t* c = &hd.key_codes[static_cast<size_t>(t0 + t) * cb];
+    const float g = pre ? gain(static_cast<size_t>(t0 + t)) : 1.f;
+    for (int j = 0; j < d / 8; ++j) {
+      const uint32_t index = attention::kernels::load_index(c + j * kBytes, kBytes);
+      float* y = rows + t * d + 8 * j;
+      if constexpr (codebook::host_decode::kHasTableDecode<Code>) {
+        codebook::host_decode::decode_scaled_block<Code>(tables, index, g, y);
+      } else {
+        Code::decode(index, y);
+        for (int i = 0; i < 8; ++i) y[i] *= g;
       }
     }
-    return 0;
-  });
+  }
   if (!pre) return;
   codecs.rotation(p.layer, h, KvKind::kKey).inverse_batch(rows, rows, static_cast<size_t>(m), static_cast<size_t>(d));
   float inv_scale[512], mu[512];
@@ -310,21 +308,53 @@ void decode_keys_ahead(const LayerPlan& p, int h, int64_t t0, int64_t m, const f
     inv_scale[i] = hd.key_channel_scale.empty() ? 1.f : 1.0f / fp16_bits_to_float(hd.key_channel_scale[static_cast<size_t>(i)]);
     mu[i] = hd.key_mean.empty() ? 0.f : fp16_bits_to_float(hd.key_mean[static_cast<size_t>(i)]);
   }
-  const auto layout = codecs.rope().params().layout;
-  const int rotary = 2 * p.pairs, P = p.P;
+  const bool split_half = codecs.rope().params().layout == transform::RopeLayout::kSplitHalf;
+  const int pairs = p.pairs, P = p.P;
   for (int64_t t = 0; t < m; ++t) {
     float* k = rows + t * d;
     for (int i = 0; i < d; ++i) k[i] = k[i] * inv_scale[i] + mu[i];  // pre-RoPE frame: S⁻¹·(...) + μ
     const float* c = cs + static_cast<size_t>(t) * 2 * P;
     const float* sn = c + P;
-    for (int pr = 0; pr < p.pairs; ++pr) {
-      int a = 0, b = 0;
-      transform::rope_pair_indices(layout, rotary, pr, a, b);
-      const float x = k[a], y = k[b];
-      k[a] = x * c[pr] - y * sn[pr];
-      k[b] = x * sn[pr] + y * c[pr];
+    // transform::rope_pair_indices per layout, written out so that each loop vectorizes.
+    if (split_half) {
+      float* ka = k;
+      float* kb = k + pairs;
+      for (int pr = 0; pr < pairs; ++pr) {
+        const float x = ka[pr], y = kb[pr];
+        ka[pr] = x * c[pr] - y * sn[pr];
+        kb[pr] = x * sn[pr] + y * c[pr];
+      }
+    } else {
+      for (int pr = 0; pr < pairs; ++pr) {
+        const float x = k[2 * pr], y = k[2 * pr + 1];
+        k[2 * pr] = x * c[pr] - y * sn[pr];
+        k[2 * pr + 1] = x * sn[pr] + y * c[pr];
+      }
     }
   }
+}
+
+// The AVX2 twin (no FMA: the same floats) and the baseline build of the decode above.
+template <class Code>
+E8KV_TARGET_BASE_FLAT void decode_keys_ahead_base(const LayerPlan& p, int h, int64_t t0, int64_t m, const float* cs,
+                                                  float* rows) {
+  decode_keys_ahead_body<Code>(p, h, t0, m, cs, rows);
+}
+#if E8KV_HOST_AVX2_DISPATCH
+template <class Code>
+E8KV_TARGET_AVX2_FLAT void decode_keys_ahead_avx2(const LayerPlan& p, int h, int64_t t0, int64_t m, const float* cs,
+                                                  float* rows) {
+  decode_keys_ahead_body<Code>(p, h, t0, m, cs, rows);
+}
+#endif
+void decode_keys_ahead(const LayerPlan& p, int h, int64_t t0, int64_t m, const float* cs, float* rows) {
+  quant::dispatch_block_code(p.key_codec, [&](auto code) {
+    using Code = decltype(code);
+#if E8KV_HOST_AVX2_DISPATCH
+    if (cpu_has_avx2()) return decode_keys_ahead_avx2<Code>(p, h, t0, m, cs, rows), 0;
+#endif
+    return decode_keys_ahead_base<Code>(p, h, t0, m, cs, rows), 0;
+  });
 }
 
 /// Values of tokens [t0, t0 + m) of codes without a register decoder: rotated basis, unit scale.
