@@ -510,7 +510,12 @@ TEST(Compressor, EverySplitPointEqualsWholeCompression) {
       KVCompressor c(f.shape, cfg);
       const auto whole = entropy::serialize(c.compress(f.seq, &f.queries));
       std::printf("%s residual %d: whole %zu bytes\n", preset, residual, whole.size());
+      // Under the sanitizers the split points around the sinks (0-5), a flush block (16, 17), the
+      // mean tokens (64, 65), the end (89, 90) and every 7th: the same code paths; the optimized
+      // build checks every point.
       for (int m = 0; m <= 90; ++m) {
+        const bool edge = m <= 5 || m == 16 || m == 17 || m == 64 || m == 65 || m >= 89 || m % 7 == 0;
+        if (e8kv::test::kUnderSanitizer && !edge) continue;
         SequenceKV prefix;
         for (const auto& kv : f.seq.layers) prefix.layers.push_back({kv.keys.token_slice(0, m), kv.values.token_slice(0, m)});
         auto cache = c.compress(prefix, &f.queries);
@@ -611,8 +616,11 @@ TEST(Compressor, ResidentMemoryMatchesBytes) {
   spec.tokens = 1024;
   Fixture f(spec);
   const int H = spec.n_kv_heads, d = spec.head_dim;
-  for (const char* preset : {"quant-k4v4", "quant-k3v3", "quant-k4v2", "quant-k3v2", "quant-k2v2", "high", "asym",
-                             "balanced", "max", "lossless"}) {
+  // Under the sanitizers four presets (4 and 2-3 bit codes, eviction, fp16): the same buffers.
+  const std::vector<const char*> all = {"quant-k4v4", "quant-k3v3", "quant-k4v2", "quant-k3v2", "quant-k2v2",
+                                        "high",       "asym",       "balanced",   "max",        "lossless"};
+  const std::vector<const char*> some = {"quant-k4v4", "quant-k3v2", "high", "lossless"};
+  for (const char* preset : e8kv::test::kUnderSanitizer ? some : all) {
     KVCompressor c(f.shape, Config::preset(preset));
     auto cache = c.compress(f.seq, &f.queries);
     const double ratio = static_cast<double>(cache.resident_bytes()) / static_cast<double>(cache.bytes());

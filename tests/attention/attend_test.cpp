@@ -15,6 +15,7 @@
 #include "e8kv/numeric/cpu_features.hpp"
 #include "e8kv/parallel.hpp"
 #include "testing/kv_fixture.hpp"
+#include "testing/test_util.hpp"
 
 namespace {
 using namespace e8kv;
@@ -182,6 +183,12 @@ TEST(Attend, BatchThreadsAndIsaGiveIdenticalBits) {
   std::vector<CompressedKV> caches;
   for (const auto& c : cases()) {
     if (c.extra == ",protect=1") continue;
+    // Under the sanitizers (where MatchesDenseAttentionOverDecodedCache runs every case): the
+    // table-decoded, fp16 and per-head-position paths through the batch and its threads.
+    const bool sanitizer_case = (std::string(c.preset) == "quant-k3v2" && c.extra.empty() &&
+                                 c.frame != KeyFrame::kPostRope) ||
+                                std::string(c.preset) == "lossless" || std::string(c.preset) == "high";
+    if (e8kv::test::kUnderSanitizer && !sanitizer_case) continue;
     caches.push_back(make_cache(f1, c));
     caches.push_back(make_cache(f2, c));
   }

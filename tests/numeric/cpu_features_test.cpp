@@ -12,6 +12,7 @@
 #include "e8kv/entropy/container.hpp"
 #include "e8kv/numeric/cpu_features.hpp"
 #include "testing/synthetic_kv.hpp"
+#include "testing/test_util.hpp"
 
 namespace {
 using namespace e8kv;
@@ -34,10 +35,13 @@ TEST(CpuFeatures, WholePipelineIsBitIdenticalAcrossIsas) {
   spec.n_layers = 2;
   spec.n_kv_heads = 3;
   spec.n_q_heads = 9;
-  spec.tokens = 300;
+  // Under the sanitizers: 160 tokens (still past the 64 mean tokens, the 32-token window and
+  // several flush blocks) and head_dim 64 and 80 (the power-of-two and the odd Hadamard paths).
+  spec.tokens = e8kv::test::kUnderSanitizer ? 160 : 300;
   spec.seed = 41;
   std::printf("seed %llu\n", static_cast<unsigned long long>(spec.seed));
-  for (int d : {64, 80, 128}) {
+  const std::vector<int> dims = e8kv::test::kUnderSanitizer ? std::vector<int>{64, 80} : std::vector<int>{64, 80, 128};
+  for (int d : dims) {
     spec.head_dim = d;
     const auto data = synth::make_synthetic_kv(spec);
     const ModelShape shape{spec.n_layers, spec.n_kv_heads, spec.n_q_heads, d};
