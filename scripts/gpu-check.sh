@@ -20,11 +20,12 @@
 # Build path (the only one): direct nvcc/g++ compile lines below, not CMake. The device machine
 # has nvcc, g++, python3 and torch, but no package registry and no zstd, fmt or GoogleTest
 # development packages, which the project's CMake requires (e8kvDependencies, tests/). So this
-# script compiles exactly what the GPU binaries need: src/*.cpp except the zstd container,
-# kernels/*.cu, the test and bench sources, and GoogleTest from sources carried along:
+# script compiles every library source (src/**/*.cpp, fmt header-only), kernels/*.cu, the test
+# and bench sources into one archive and its binaries, with what --prepare carries along:
 #
 #   scripts/gpu-check.sh --prepare    on the build host, once before the device call: copies the
-#                                     GoogleTest sources to build/gpu-deps/googletest
+#                                     GoogleTest sources, fmt's headers and zstd's headers and
+#                                     static library to build/gpu-deps (~4 MB)
 #   scripts/gpu-check.sh [--quick]    on the device machine: device run with command
 #                                     "bash scripts/gpu-check.sh", carry ["build/gpu-deps"],
 #                                     timeout_s 330 (--quick: a small bench matrix)
@@ -46,7 +47,17 @@ if [ "${1:-}" = "--prepare" ]; then
   done
   if [ -z "$src" ]; then echo "gpu-check --prepare: GoogleTest sources not found (apt-get install libgtest-dev)" >&2; exit 1; fi
   rm -rf "$DEPS/googletest" && mkdir -p "$DEPS" && cp -r "$src" "$DEPS/googletest"
-  echo "gpu-check --prepare: copied $src to $DEPS/googletest ($(du -sh "$DEPS" | cut -f1)); carry build/gpu-deps"
+  # The library's own dependencies: fmt's headers (used header-only there) and zstd's headers and
+  # static library (x86-64, as the device machine's host).
+  fmt_dir=$(dirname "$(ls /usr/include/fmt/format.h 2>/dev/null)")
+  zstd_lib=$(ls /usr/lib/x86_64-linux-gnu/libzstd.a /usr/lib64/libzstd.a /usr/lib/libzstd.a 2>/dev/null | head -1)
+  if [ -z "$fmt_dir" ] || [ -z "$zstd_lib" ] || [ ! -f /usr/include/zstd.h ]; then
+    echo "gpu-check --prepare: fmt headers or zstd's headers/static library not found (bash scripts/setup.sh)" >&2; exit 1
+  fi
+  rm -rf "$DEPS/fmt" "$DEPS/zstd" && mkdir -p "$DEPS/fmt/include" "$DEPS/zstd/include" "$DEPS/zstd/lib"
+  cp -r "$fmt_dir" "$DEPS/fmt/include/fmt"
+  cp /usr/include/zstd.h /usr/include/zstd_errors.h "$DEPS/zstd/include/" && cp "$zstd_lib" "$DEPS/zstd/lib/libzstd.a"
+  echo "gpu-check --prepare: GoogleTest ($src), fmt headers, zstd headers + libzstd.a copied to $DEPS ($(du -sh "$DEPS" | cut -f1)); carry build/gpu-deps"
   exit 0
 fi
 
@@ -85,6 +96,18 @@ ARCH="${E8KV_GPU_ARCH:-sm_90}"
 CXXFLAGS=(-std=c++17 -O2 -ffp-contract=off -Iinclude -Itests -DE8KV_HAS_CUDA=1)
 NVFLAGS=(-std=c++17 -O3 "-arch=$ARCH" --expt-relaxed-constexpr -lineinfo -Iinclude -Itests -DE8KV_HAS_CUDA=1
          -Xcompiler=-ffp-contract=off)
+# The library's dependencies: carried by --prepare, else the system's.
+LIB_DEPS=()
+if [ -f "$DEPS/fmt/include/fmt/format.h" ]; then
+  CXXFLAGS+=(-I"$DEPS/fmt/include" -DFMT_HEADER_ONLY)
+else
+  CXXFLAGS+=(-DFMT_HEADER_ONLY)
+fi
+if [ -f "$DEPS/zstd/lib/libzstd.a" ]; then
+  CXXFLAGS+=(-I"$DEPS/zstd/include"); LIB_DEPS=("$DEPS/zstd/lib/libzstd.a")
+else
+  LIB_DEPS=(-lzstd)
+fi
 GTEST_INC=()
 gtest_obj=()
 tests=()
@@ -120,9 +143,9 @@ else
     ( timeout "$t" "$@" -c -o "$obj" >> "$BUILD_LOG" 2>&1 || echo "FAILED: $obj" >> "$BUILD_LOG" ) &
   }
   objs_lib=()
-  for s in src/*.cpp; do
-    case "$s" in src/container.cpp) continue ;; esac  # zstd + fmt: not needed by the GPU binaries
-    o="$B/obj/$(basename "$s" .cpp).o"; objs_lib+=("$o"); compile "$o" g++ "${CXXFLAGS[@]}" "$s"
+  for s in $(find src -name '*.cpp' | sort); do  # every library source (CMake's E8KV_SOURCES)
+    o="$B/obj/lib_$(echo "${s#src/}" | tr / _ | sed 's/\.cpp$//').o"; objs_lib+=("$o")
+    compile "$o" g++ "${CXXFLAGS[@]}" "$s"
   done
   for s in kernels/*.cu; do
     o="$B/obj/k_$(basename "$s" .cu).o"; objs_lib+=("$o"); compile "$o" nvcc "${NVFLAGS[@]}" "$s"
@@ -141,19 +164,25 @@ else
   wait
   link() {  # link <binary> <objects...>: 0 when it linked
     local bin="$1"; shift
-    nvcc "-arch=$ARCH" -o "$B/$bin" "$@" -lpthread >> "$BUILD_LOG" 2>&1 || { echo "FAILED: link $bin" >> "$BUILD_LOG"; return 1; }
+    nvcc "-arch=$ARCH" -o "$B/$bin" "$@" "$B/libe8kv-gpu-check.a" "${LIB_DEPS[@]}" -lpthread >> "$BUILD_LOG" 2>&1 ||
+      { echo "FAILED: link $bin" >> "$BUILD_LOG"; return 1; }
   }
   lib_ok=1
   for o in "${objs_lib[@]}"; do grep -q "^FAILED: $o\$" "$BUILD_LOG" && lib_ok=0; done
+  # One archive: a binary takes only the objects it needs.
+  if [ $lib_ok = 1 ]; then
+    rm -f "$B/libe8kv-gpu-check.a"
+    ar rcs "$B/libe8kv-gpu-check.a" "${objs_lib[@]}" >> "$BUILD_LOG" 2>&1 || { echo "FAILED: archive" >> "$BUILD_LOG"; lib_ok=0; }
+  fi
   bench_ok=0
   if [ $lib_ok = 1 ] && ! grep -q "^FAILED: $B/obj/gpu_bench.o\$" "$BUILD_LOG"; then
-    link e8kv-gpu-bench "$B/obj/gpu_bench.o" "${objs_lib[@]}" && bench_ok=1
+    link e8kv-gpu-bench "$B/obj/gpu_bench.o" && bench_ok=1
   fi
   if [ $lib_ok = 1 ]; then
     for n in "${tests[@]}"; do
       grep -q "^FAILED: $B/obj/$n.o\$" "$BUILD_LOG" && continue
-      if [ ${#gtest_obj[@]} -gt 0 ]; then link "$n" "$B/obj/$n.o" "${objs_lib[@]}" "${gtest_obj[@]}" && built_tests+=("$n")
-      else link "$n" "$B/obj/$n.o" "${objs_lib[@]}" -lgtest && built_tests+=("$n"); fi
+      if [ ${#gtest_obj[@]} -gt 0 ]; then link "$n" "$B/obj/$n.o" "${gtest_obj[@]}" && built_tests+=("$n")
+      else link "$n" "$B/obj/$n.o" -lgtest && built_tests+=("$n"); fi
     done
   fi
 fi
