@@ -145,7 +145,7 @@ else
   objs_lib=()
   for s in $(find src -name '*.cpp' | sort); do  # every library source (CMake's E8KV_SOURCES)
     o="$B/obj/lib_$(echo "${s#src/}" | tr / _ | sed 's/\.cpp$//').o"; objs_lib+=("$o")
-    compile "$o" g++ "${CXXFLAGS[@]}" "$s"
+    compile "$o" g++ "${CXXFLAGS[@]}" -Isrc "$s"  # src/: the library's private headers
   done
   for s in kernels/*.cu; do
     o="$B/obj/k_$(basename "$s" .cu).o"; objs_lib+=("$o"); compile "$o" nvcc "${NVFLAGS[@]}" "$s"
