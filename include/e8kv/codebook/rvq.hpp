@@ -235,7 +235,7 @@ E8KV_HD E8KV_FORCE_INLINE typename O::I certified_lanes(const typename O::F r[8]
     cls = O::select(better, O::splat_int(k), cls);
   }
   const I certified = O::gt(best - O::max_of(others, best_runner_up), margin);
-  if (!O::any(certified)) return certified;
+  if (O::kWidth == 1 && !O::any(certified)) return certified;  // W lanes: branch-free to the end
   // Every class's index; the winner's is picked per lane. Signs follow r (a zero counts as
   // positive): class 1 takes the two coordinates with a_i ≥ v2 (exactly two: v2 > v3); class 2
   // flips the smallest |r_i| (unique: v7 > v8) when the parity is odd; class 3 takes the largest

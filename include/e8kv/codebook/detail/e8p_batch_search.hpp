@@ -25,11 +25,11 @@ struct Kernel {
   static E8KV_FORCE_INLINE void encode(const float* x, float scale, uint32_t* index, int count = W) {
     typename O::F z[8];
     O::load_sanitized(x, scale, kMaxLatticeAbs, z);
-    uint32_t certified_index[W];
-    const typename O::I certified = CertifiedSearch<O>::run(z, certified_index);
+    typename O::I key, low_bits;
+    const typename O::I certified = CertifiedSearch<O>::run(z, key, low_bits);
     for (int k = 0; k < count; ++k) {
       if (O::lane(certified, k)) {
-        index[k] = certified_index[k];
+        index[k] = CertifiedSearch<O>::index_of(key, low_bits, k);
         continue;
       }
       float zk[8];

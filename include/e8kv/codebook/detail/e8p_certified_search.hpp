@@ -117,11 +117,11 @@ struct CertifiedSearch {
       const F d = z[i] - t;  // never −0 (t ≠ 0)
       odd = odd ^ O::lt(d, zero);
       s.w[i] = O::abs_value(d);
-      s.sorted[i] = s.w[i];
       sum = sum + s.w[i];
     }
     s.odd = odd;
     s.sum = sum;
+    for (int i = 0; i < 8; ++i) s.sorted[i] = s.w[i];
     lanes::sort_descending<O>(s.sorted);
     const F* v = s.sorted;
     const F two = O::splat(2.0f), four = O::splat(4.0f);
@@ -170,9 +170,9 @@ struct CertifiedSearch {
   }
 
   /// The certified search on sanitized z (lane k: block k). Returns the mask of the lanes whose
-  /// nearest codeword is unique by more than the margin, and sets index[k] for exactly those; the
-  /// caller decides the other lanes.
-  E8KV_HD static E8KV_FORCE_INLINE I run(const F z[8], uint32_t index[O::kWidth]) {
+  /// nearest codeword is unique by more than the margin; for those, the codeword's index is
+  /// index_of(key, low_bits) of the lane. The caller decides the other lanes.
+  E8KV_HD static E8KV_FORCE_INLINE I run(const F z[8], I& key_out, I& low_bits_out) {
     const F zero = O::splat(0.0f);
     F sum = zero, magnitude_sum = zero;
     for (int i = 0; i < 8; ++i) {
@@ -191,7 +191,9 @@ struct CertifiedSearch {
       else l.others = O::max_of(l.others, s[shift_bit].c7_bound);
     }
     I certified = O::gt(l.best - O::max_of(l.runner_up, l.others), margin);
-    if (!O::any(certified)) return certified;
+    // One lane: stop at the first failed certificate. W lanes: branch-free to the end (a lane
+    // that fails is simply not taken; testing every lane here costs more than it saves).
+    if (O::kWidth == 1 && !O::any(certified)) return certified;
     // The winner's pattern key from its class and the sorted magnitudes of its shift: codes 1 on
     // w ≥ v_k for ck (k = 1..4); c5: code 2 on w ≥ v1; c6: 2 on w ≥ v1, 1 on v2 ≤ w < v1. The
     // class gaps are positive, so the thresholds select exactly the right coordinates.
@@ -199,18 +201,15 @@ struct CertifiedSearch {
     const I shift_bit = O::select(is_c7, l.winner >> 17, l.winner >> 3) & O::splat_int(1);
     const I upper = O::ne(shift_bit, O::splat_int(0));
     const I cls = l.winner & O::splat_int(7);
-    F w[8];
+    F w[8], sorted[4];
     for (int i = 0; i < 8; ++i) w[i] = O::select(upper, s[1].w[i], s[0].w[i]);
+    for (int k = 0; k < 4; ++k) sorted[k] = O::select(upper, s[1].sorted[k], s[0].sorted[k]);
     const I odd = O::select(upper, s[1].odd, s[0].odd);
     const F never = O::splat(3.0e38f);
     F one_threshold = never;
-    for (int k = 1; k <= 4; ++k)
-      one_threshold = O::select(O::eq(cls, O::splat_int(k)), O::select(upper, s[1].sorted[k - 1], s[0].sorted[k - 1]),
-                                one_threshold);
-    const F v1 = O::select(upper, s[1].sorted[0], s[0].sorted[0]);
-    const F v2 = O::select(upper, s[1].sorted[1], s[0].sorted[1]);
-    one_threshold = O::select(O::eq(cls, O::splat_int(6)), v2, one_threshold);
-    const F two_threshold = O::select(O::eq(cls, O::splat_int(5)) | O::eq(cls, O::splat_int(6)), v1, never);
+    for (int k = 1; k <= 4; ++k) one_threshold = O::select(O::eq(cls, O::splat_int(k)), sorted[k - 1], one_threshold);
+    one_threshold = O::select(O::eq(cls, O::splat_int(6)), sorted[1], one_threshold);
+    const F two_threshold = O::select(O::eq(cls, O::splat_int(5)) | O::eq(cls, O::splat_int(6)), sorted[0], never);
     I key = O::splat_int(0);
     for (int i = 0; i < 8; ++i) {
       const I code = O::select(O::ge(w[i], two_threshold), O::splat_int(2),
@@ -234,7 +233,7 @@ struct CertifiedSearch {
     const F four = O::splat(4.0f);
     const F sign_gap = O::select(wrong, four * (m2 - m1), four * (m1 + m2));
     certified = certified & O::gt(sign_gap, margin);
-    if (!O::any(certified)) return certified;
+    if (O::kWidth == 1 && !O::any(certified)) return certified;
     const F t = O::select(upper, O::splat(-0.25f), O::splat(0.25f));
     I negative = O::splat_int(0), found = O::splat_int(0), flip = O::splat_int(0);
     for (int i = 0; i < 8; ++i) {
@@ -244,19 +243,26 @@ struct CertifiedSearch {
       found = found | first;
     }
     negative = negative ^ (flip & wrong);
-    const I low_bits = (negative & O::splat_int(0xFE)) | shift_bit;
-    for (int k = 0; k < O::kWidth; ++k)
-      if (O::lane(certified, k))
-        index[k] = static_cast<uint32_t>(pattern_id(static_cast<uint32_t>(O::lane(key, k)))) << 8 |
-                   static_cast<uint32_t>(O::lane(low_bits, k));
+    key_out = key;
+    low_bits_out = (negative & O::splat_int(0xFE)) | shift_bit;
     return certified;
+  }
+
+  /// The index of a certified lane k.
+  E8KV_HD static E8KV_FORCE_INLINE uint32_t index_of(const I& key, const I& low_bits, int k) {
+    return static_cast<uint32_t>(pattern_id(static_cast<uint32_t>(O::lane(key, k)))) << 8 |
+           static_cast<uint32_t>(O::lane(low_bits, k));
   }
 };
 
 /// The certified search on one sanitized z: true (and *index set) when the nearest codeword is
 /// unique by more than the margin; false when the caller must decide otherwise.
 E8KV_HD inline bool certified_search(const float z[8], uint32_t* index) {
-  return CertifiedSearch<lanes::Scalar>::run(z, index) != 0;
+  typedef CertifiedSearch<lanes::Scalar> Search;
+  int32_t key = 0, low_bits = 0;
+  if (!Search::run(z, key, low_bits)) return false;
+  *index = Search::index_of(key, low_bits, 0);
+  return true;
 }
 
 /// The exhaustive search on a sanitized z, in the caller's execution space.
