@@ -308,29 +308,13 @@ E8KV_FORCE_INLINE void decode_keys_ahead_body(const LayerPlan& p, int h, int64_t
     inv_scale[i] = hd.key_channel_scale.empty() ? 1.f : 1.0f / fp16_bits_to_float(hd.key_channel_scale[static_cast<size_t>(i)]);
     mu[i] = hd.key_mean.empty() ? 0.f : fp16_bits_to_float(hd.key_mean[static_cast<size_t>(i)]);
   }
-  const bool split_half = codecs.rope().params().layout == transform::RopeLayout::kSplitHalf;
-  const int pairs = p.pairs, P = p.P;
+  const auto layout = codecs.rope().params().layout;
+  const int rotary = 2 * p.pairs, P = p.P;
   for (int64_t t = 0; t < m; ++t) {
     float* k = rows + t * d;
     for (int i = 0; i < d; ++i) k[i] = k[i] * inv_scale[i] + mu[i];  // pre-RoPE frame: S⁻¹·(...) + μ
     const float* c = cs + static_cast<size_t>(t) * 2 * P;
-    const float* sn = c + P;
-    // transform::rope_pair_indices per layout, written out so that each loop vectorizes.
-    if (split_half) {
-      float* ka = k;
-      float* kb = k + pairs;
-      for (int pr = 0; pr < pairs; ++pr) {
-        const float x = ka[pr], y = kb[pr];
-        ka[pr] = x * c[pr] - y * sn[pr];
-        kb[pr] = x * sn[pr] + y * c[pr];
-      }
-    } else {
-      for (int pr = 0; pr < pairs; ++pr) {
-        const float x = k[2 * pr], y = k[2 * pr + 1];
-        k[2 * pr] = x * c[pr] - y * sn[pr];
-        k[2 * pr + 1] = x * sn[pr] + y * c[pr];
-      }
-    }
+    transform::rope_rotate(k, c, c + P, rotary, layout, false);
   }
 }
 
