@@ -411,7 +411,7 @@ CompactHead CompressedKV::decompress_head(int l, int h) const {
   // The fp16 window.
   fp16_bits_to_floats(hd.window_keys.data(), out.keys.data() + nc * d, wpos.size() * d);
   fp16_bits_to_floats(hd.window_values.data(), out.values.data() + nc * d, wpos.size() * d);
-  // Pinned sinks sit at the front of the window: order everything by position.
+  // Pinned tokens (sinks, fp16 tier) sit at the front of the window: order everything by position.
   std::vector<size_t> order(n);
   for (size_t i = 0; i < n; ++i) order[i] = i;
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return out.positions[a] < out.positions[b]; });

@@ -59,13 +59,16 @@ void check_layer_view(const TensorView& v, const ModelShape& s, int64_t tokens, 
                   s.head_dim);
 }
 
-/// The largest stored position of a position set, −1 when empty. The pinned sinks sit at the
-/// front of the window, so the window's last token is not always the latest: coded tokens may
-/// follow the sinks.
+/// The largest stored position of a position set, −1 when empty. The pinned tokens (sinks, fp16
+/// tier) sit at the front of the window, ascending, and the unpinned ones after them, ascending:
+/// the latest token is the last of the coded tokens, of the pinned ones or of the window.
 int64_t last_position(const CompressedKV::LayerData& ld, size_t set) {
   int64_t last = -1;
+  const auto& w = ld.window_positions[set];
   if (!ld.positions[set].empty()) last = ld.positions[set].back();
-  if (!ld.window_positions[set].empty()) last = std::max<int64_t>(last, ld.window_positions[set].back());
+  if (!w.empty()) last = std::max<int64_t>(last, w.back());
+  const size_t pinned = static_cast<size_t>(std::min<int64_t>(ld.pinned, static_cast<int64_t>(w.size())));
+  if (pinned > 0) last = std::max<int64_t>(last, w[pinned - 1]);
   return last;
 }
 
@@ -226,6 +229,8 @@ void KVCompressor::extend(CompressedKV& cache, const SequenceKV& chunk, const st
   so.gqa = config_.gqa_aggregation;
   so.seed = config_.scorer_seed;
   const bool evict = config_.eviction_rate > 0.0 && n > 0;
+  const int64_t tier = select::tier_count(n, config_.fp16_tier);  // fp16-tier tokens per kept set
+  const bool score = evict || tier > 0;
   // The sequence's first `sinks` tokens are always kept (eviction) and, with fp16_sinks, pinned
   // in fp16, whichever call brings them.
   auto eviction_options = [&](int64_t before) {
@@ -238,12 +243,12 @@ void KVCompressor::extend(CompressedKV& cache, const SequenceKV& chunk, const st
     return eo;
   };
 
-  // Shared selection: one kept set for every layer, from the mean over layers of each layer's
-  // normalized per-token scores. Layers are scored in parallel and summed in layer order, so the
-  // set does not depend on the executor; like the rest of the plan it is made before the cache
-  // changes.
-  std::vector<int64_t> shared_set;
-  if (config_.shared_selection && evict) {
+  // Shared selection: one kept set (and fp16 tier) for every layer, from the mean over layers of
+  // each layer's normalized per-token scores. Layers are scored in parallel and summed in layer
+  // order, so the set does not depend on the executor; like the rest of the plan it is made
+  // before the cache changes.
+  std::vector<int64_t> shared_set, shared_tier;
+  if (config_.shared_selection && score) {
     const int64_t before = cache.layer(0).original_tokens;
     for (int l = 1; l < shape_.n_layers; ++l)
       detail::require(
@@ -265,7 +270,14 @@ void KVCompressor::extend(CompressedKV& cache, const SequenceKV& chunk, const st
     std::vector<float> mean(static_cast<size_t>(n));
     for (int64_t t = 0; t < n; ++t)
       mean[static_cast<size_t>(t)] = static_cast<float>(acc[static_cast<size_t>(t)] / shape_.n_layers);
-    shared_set = select::select_tokens(mean, eviction_options(before));
+    const select::EvictionOptions eo = eviction_options(before);
+    if (evict) {
+      shared_set = select::select_tokens(mean, eo);
+    } else {
+      shared_set.resize(static_cast<size_t>(n));
+      for (int64_t t = 0; t < n; ++t) shared_set[static_cast<size_t>(t)] = t;
+    }
+    shared_tier = select::select_tier(mean, shared_set, tier, eo);
   }
 
   // Plan every layer (validation, selection, fp16 rounding, the codes of every flush) before the
@@ -287,17 +299,33 @@ void KVCompressor::extend(CompressedKV& cache, const SequenceKV& chunk, const st
       }
     const select::EvictionOptions eo = eviction_options(ld.original_tokens);
     const int64_t sinks_here = eo.sinks;
-    std::vector<std::vector<int64_t>> sets;
-    if (evict && config_.shared_selection) {
+    // The kept sets (chunk indices), and per set its fp16-tier tokens.
+    std::vector<std::vector<int64_t>> sets, tiers;
+    if (score && config_.shared_selection) {
       sets.assign(1, shared_set);
-    } else if (evict) {
-      const LayerQueries* lq = queries ? &(*queries)[static_cast<size_t>(l)] : nullptr;
-      const auto scores = select::score_layer(kv.keys, pos.data(), lq, so, cache.layout().effective_softmax_scale());
-      sets = select::select_layer(scores, eo);
+      tiers.assign(1, shared_tier);
     } else {
-      std::vector<int64_t> all(static_cast<size_t>(n));
-      for (int64_t t = 0; t < n; ++t) all[static_cast<size_t>(t)] = t;
-      sets.assign(config_.per_head_selection ? static_cast<size_t>(H) : 1, all);
+      select::LayerScores scores;
+      if (score) {
+        const LayerQueries* lq = queries ? &(*queries)[static_cast<size_t>(l)] : nullptr;
+        scores = select::score_layer(kv.keys, pos.data(), lq, so, cache.layout().effective_softmax_scale());
+      }
+      if (evict) {
+        sets = select::select_layer(scores, eo);
+      } else {
+        std::vector<int64_t> all(static_cast<size_t>(n));
+        for (int64_t t = 0; t < n; ++t) all[static_cast<size_t>(t)] = t;
+        sets.assign(config_.per_head_selection ? static_cast<size_t>(H) : 1, all);
+      }
+      tiers.resize(sets.size());
+      if (tier > 0)
+        for (size_t s = 0; s < sets.size(); ++s) {
+          const std::vector<float> row =
+              sets.size() == 1 ? select::aggregate_heads(scores, config_.head_aggregation)
+                               : std::vector<float>(scores.scores.begin() + static_cast<int64_t>(s) * n,
+                                                    scores.scores.begin() + static_cast<int64_t>(s + 1) * n);
+          tiers[s] = select::select_tier(row, sets[s], tier, eo);
+        }
     }
     detail::LayerInput in;
     in.given = n;
@@ -319,9 +347,19 @@ void KVCompressor::extend(CompressedKV& cache, const SequenceKV& chunk, const st
         }
       }
     }
-    if (config_.fp16_sinks)
-      for (int64_t t : sets[0])
-        if (t < sinks_here) ++in.sinks;
+    // Pinned in fp16: the sinks (with fp16_sinks) and the fp16 tier, as indices into each set.
+    // Every set pins as many: the sinks and the recent window are in every kept set, and every
+    // kept set has as many tokens, so as many compete for the tier.
+    in.pinned.resize(sets.size());
+    for (size_t s = 0; s < sets.size(); ++s) {
+      size_t j = 0;
+      for (size_t i = 0; i < sets[s].size(); ++i) {
+        const int64_t t = sets[s][i];
+        while (j < tiers[s].size() && tiers[s][j] < t) ++j;
+        const bool in_tier = j < tiers[s].size() && tiers[s][j] == t;
+        if ((config_.fp16_sinks && t < sinks_here) || in_tier) in.pinned[s].push_back(static_cast<int64_t>(i));
+      }
+    }
     // Query-weighted keys: the observation queries' energy per channel and KV head (mean over the
     // window and the head's query group), kept until the first flush turns it into scales.
     const bool scales_pending = ld.query_energy.empty() && ld.heads[0].key_channel_scale.empty() && ld.positions[0].empty();
@@ -375,7 +413,8 @@ void KVCompressor::append(CompressedKV& cache, int layer, const float* k, const 
     load_fp16_rounded(kv_k, 0, h, in.keys[static_cast<size_t>(h)].data(), "append keys");
     load_fp16_rounded(kv_v, 0, h, in.values[static_cast<size_t>(h)].data(), "append values");
   }
-  in.sinks = config_.fp16_sinks && ld.original_tokens < config_.sinks ? 1 : 0;
+  const bool sink = config_.fp16_sinks && ld.original_tokens < config_.sinks;
+  in.pinned.assign(ld.positions.size(), sink ? std::vector<int64_t>{0} : std::vector<int64_t>{});
   detail::LayerWrite write(cache, layer, std::move(in));
   write.reserve(cache, /*exact=*/false);
   write.commit(cache);

@@ -1,14 +1,15 @@
 // LayerWrite: the window, the flush rule, means, channel scales and gain codes (layer_write.hpp).
 //
-// The flush rule. After a write, a position set's window holds its pinned sinks, then the tokens
-// not yet coded. While at least residual_length + flush_block unpinned tokens wait (and, before a
+// The flush rule. After a write, a position set's window holds its pinned tokens (sinks and the
+// fp16 tier; ascending, at any position), then the tokens not yet coded (ascending, after every
+// coded token). While at least residual_length + flush_block unpinned tokens wait (and, before a
 // set's first flush with centring, at least mean_tokens), the oldest of them are coded in whole
 // flush_block blocks, leaving residual_length or more. The coded count is a function of the kept
 // count only, and every rule below is fixed by token order, never by how the tokens were split
 // into calls: so compressing a sequence at once gives the same bytes as compressing any prefix
 // and appending the rest.
-//  - Sinks: the sequence's first `sinks` tokens stay fp16 in the window for good, whichever call
-//    brought them.
+//  - Pinned: the sequence's first `sinks` tokens, whichever call brought them, and the fp16 tier
+//    a compress / extend chunk chose stay fp16 in the window for good.
 //  - Means: from the first mean_tokens unpinned tokens, keys in the frame they are subtracted in
 //    (RoPE removed by the same table that turns the mean back for each key).
 //  - Channel scales: from the same tokens and the first chunk's observation queries.
@@ -108,8 +109,36 @@ LayerWrite::LayerWrite(const CompressedKV& cache, int layer, LayerInput input) :
   const auto kc = L.key_codec[static_cast<size_t>(layer)], vc = L.value_codec[static_cast<size_t>(layer)];
   const bool k_coded = kc != quant::Codec::kFp16, v_coded = vc != quant::Codec::kFp16;
   const size_t kcb = codecs.code_bytes(layer, KvKind::kKey), vcb = codecs.code_bytes(layer, KvKind::kValue);
-  pinned_after_ = ld.pinned + input_.sinks;
+  require(input_.pinned.size() == n_sets, "LayerWrite: one pinned list per position set is required");
+  const size_t new_pinned = input_.pinned[0].size();
+  for (size_t s = 0; s < n_sets; ++s) {
+    const auto& pin = input_.pinned[s];
+    require(pin.size() == new_pinned, "LayerWrite: every position set must pin as many tokens");
+    for (size_t i = 0; i < pin.size(); ++i)
+      require(pin[i] >= 0 && pin[i] < static_cast<int64_t>(input_.positions[s].size()) && (i == 0 || pin[i] > pin[i - 1]),
+              "LayerWrite: pinned indices must be ascending and index the new tokens");
+  }
+  pinned_after_ = ld.pinned + static_cast<int64_t>(new_pinned);
   const int64_t p = pinned_after_;
+  order_.resize(n_sets);
+  for (size_t s = 0; s < n_sets; ++s) {
+    const int64_t w_old = static_cast<int64_t>(ld.window_positions[s].size());
+    const int64_t n_new = static_cast<int64_t>(input_.positions[s].size());
+    const auto& pin = input_.pinned[s];
+    auto& order = order_[s];
+    order.reserve(static_cast<size_t>(w_old + n_new));
+    for (int64_t i = 0; i < ld.pinned; ++i) order.push_back(i);
+    for (int64_t j : pin) order.push_back(w_old + j);
+    for (int64_t i = ld.pinned; i < w_old; ++i) order.push_back(i);
+    size_t k = 0;
+    for (int64_t j = 0; j < n_new; ++j) {
+      if (k < pin.size() && pin[k] == j) {
+        ++k;
+        continue;
+      }
+      order.push_back(w_old + j);
+    }
+  }
   const std::vector<std::vector<float>>& energy = ld.query_energy.empty() ? input_.query_energy : ld.query_energy;
   sets_.resize(n_sets);
   heads_.resize(static_cast<size_t>(L.n_kv_heads));
@@ -124,8 +153,12 @@ LayerWrite::LayerWrite(const CompressedKV& cache, int layer, LayerInput input) :
     const auto& new_pos = input_.positions[s];
     const int64_t w_old = static_cast<int64_t>(old_wpos.size());
     const int64_t w_after = w_old + static_cast<int64_t>(new_pos.size());
-    // Window-after token i: an old window token (i < w_old) or a new one.
-    auto position_at = [&](int64_t i) { return i < w_old ? old_wpos[static_cast<size_t>(i)] : new_pos[static_cast<size_t>(i - w_old)]; };
+    const auto& order = order_[s];
+    // Window-after token i: an old window token (source < w_old) or a new one.
+    auto position_at = [&](int64_t i) {
+      const int64_t src = order[static_cast<size_t>(i)];
+      return src < w_old ? old_wpos[static_cast<size_t>(src)] : new_pos[static_cast<size_t>(src - w_old)];
+    };
     const int64_t flushable = w_after - p;
     const bool first_flush = ld.positions[s].empty();
     const bool need_mean = L.center && (k_coded || v_coded) && first_flush;
@@ -144,10 +177,13 @@ LayerWrite::LayerWrite(const CompressedKV& cache, int layer, LayerInput input) :
       const auto& new_k = input_.keys[static_cast<size_t>(h)];
       const auto& new_v = input_.values[static_cast<size_t>(h)];
       auto key_row = [&](int64_t i) {
-        return i < w_old ? &hd.window_keys[static_cast<size_t>(i * d)] : &new_k[static_cast<size_t>((i - w_old) * d)];
+        const int64_t src = order[static_cast<size_t>(i)];
+        return src < w_old ? &hd.window_keys[static_cast<size_t>(src * d)] : &new_k[static_cast<size_t>((src - w_old) * d)];
       };
       auto value_row = [&](int64_t i) {
-        return i < w_old ? &hd.window_values[static_cast<size_t>(i * d)] : &new_v[static_cast<size_t>((i - w_old) * d)];
+        const int64_t src = order[static_cast<size_t>(i)];
+        return src < w_old ? &hd.window_values[static_cast<size_t>(src * d)]
+                           : &new_v[static_cast<size_t>((src - w_old) * d)];
       };
       // The rows to code, contiguous.
       std::vector<uint16_t> krows(static_cast<size_t>(move * d)), vrows(static_cast<size_t>(move * d));
@@ -241,8 +277,12 @@ LayerWrite::LayerWrite(const CompressedKV& cache, int layer, LayerInput input) :
                                               !heads_[static_cast<size_t>(h)].key_channel_scale.empty());
   }
   // The window after the write: pinned tokens, then the tokens not coded. Rebuilt (exact size)
-  // when a flush happened or several tokens arrived; a lone token without a flush is pushed.
-  rebuild_window_ = any_flush || staged_total != n_sets;
+  // when a flush happened, several tokens arrived or a pinned one arrived behind unpinned ones; a
+  // lone token without a flush is pushed.
+  bool pinned_behind = false;
+  for (size_t s = 0; s < n_sets; ++s)
+    pinned_behind = pinned_behind || (new_pinned > 0 && static_cast<int64_t>(ld.window_positions[s].size()) > ld.pinned);
+  rebuild_window_ = any_flush || staged_total != n_sets || pinned_behind;
   if (!rebuild_window_) return;
   for (size_t s = 0; s < n_sets; ++s) {
     const int h_begin = n_sets == 1 ? 0 : static_cast<int>(s);
@@ -252,11 +292,15 @@ LayerWrite::LayerWrite(const CompressedKV& cache, int layer, LayerInput input) :
     const int64_t w_old = static_cast<int64_t>(old_wpos.size());
     const int64_t w_after = w_old + static_cast<int64_t>(new_pos.size());
     const int64_t move = static_cast<int64_t>(sets_[s].coded_positions.size());
+    const auto& order = order_[s];
     auto keep = [&](int64_t i) { return i < p || i >= p + move; };
     auto& wp = sets_[s].window_positions;
     wp.reserve(static_cast<size_t>(w_after - move));
-    for (int64_t i = 0; i < w_after; ++i)
-      if (keep(i)) wp.push_back(i < w_old ? old_wpos[static_cast<size_t>(i)] : new_pos[static_cast<size_t>(i - w_old)]);
+    for (int64_t i = 0; i < w_after; ++i) {
+      if (!keep(i)) continue;
+      const int64_t src = order[static_cast<size_t>(i)];
+      wp.push_back(src < w_old ? old_wpos[static_cast<size_t>(src)] : new_pos[static_cast<size_t>(src - w_old)]);
+    }
     for (int h = h_begin; h < h_end; ++h) {
       const auto& hd = ld.heads[static_cast<size_t>(h)];
       HeadPlan& hp = heads_[static_cast<size_t>(h)];
@@ -264,10 +308,11 @@ LayerWrite::LayerWrite(const CompressedKV& cache, int layer, LayerInput input) :
       hp.window_values.reserve(static_cast<size_t>((w_after - move) * d));
       for (int64_t i = 0; i < w_after; ++i) {
         if (!keep(i)) continue;
-        const uint16_t* k = i < w_old ? &hd.window_keys[static_cast<size_t>(i * d)]
-                                      : &input_.keys[static_cast<size_t>(h)][static_cast<size_t>((i - w_old) * d)];
-        const uint16_t* v = i < w_old ? &hd.window_values[static_cast<size_t>(i * d)]
-                                      : &input_.values[static_cast<size_t>(h)][static_cast<size_t>((i - w_old) * d)];
+        const int64_t src = order[static_cast<size_t>(i)];
+        const uint16_t* k = src < w_old ? &hd.window_keys[static_cast<size_t>(src * d)]
+                                        : &input_.keys[static_cast<size_t>(h)][static_cast<size_t>((src - w_old) * d)];
+        const uint16_t* v = src < w_old ? &hd.window_values[static_cast<size_t>(src * d)]
+                                        : &input_.values[static_cast<size_t>(h)][static_cast<size_t>((src - w_old) * d)];
         hp.window_keys.insert(hp.window_keys.end(), k, k + d);
         hp.window_values.insert(hp.window_values.end(), v, v + d);
       }

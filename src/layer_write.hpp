@@ -18,7 +18,10 @@ namespace e8kv::detail {
 struct LayerInput {
   std::vector<std::vector<int32_t>> positions;      ///< per position set: the kept tokens' positions
   std::vector<std::vector<uint16_t>> keys, values;  ///< per KV head: those tokens' rows, fp16 bits
-  int64_t sinks = 0;  ///< leading kept tokens that are among the sequence's first `sinks` (kept in fp16)
+  /// Per position set: indices into positions[s] (ascending) of the tokens pinned in fp16 for
+  /// good — the sequence's first `sinks` with fp16_sinks, and the fp16 tier. As many in every set
+  /// (the layer has one pinned count).
+  std::vector<std::vector<int64_t>> pinned;
   int64_t given = 0;  ///< tokens given to the layer, before eviction
   std::vector<std::vector<float>> query_energy;  ///< per head (query-weighted keys), or empty
 };
@@ -51,6 +54,10 @@ class LayerWrite {
 
   int layer_;
   LayerInput input_;
+  // Per set, the window after the write in order: the old pinned tokens, the new pinned ones, the
+  // old unpinned ones, the new unpinned ones. An entry below the old window's size indexes it,
+  // w_old + j the new token j.
+  std::vector<std::vector<int64_t>> order_;
   int64_t pinned_after_ = 0;
   // The window is rebuilt (new vectors of exact size, swapped in) when tokens are coded or more
   // than one arrives; a lone appended token without a flush is pushed in place.

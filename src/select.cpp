@@ -215,6 +215,20 @@ int64_t kept_count(int64_t n, const EvictionOptions& o) {
   return std::max(floor_keep, n - evict);
 }
 
+namespace {
+/// Score order of select_tokens and select_tier: higher first, NaN last, ties to the lower index.
+struct ScoreOrder {
+  const std::vector<float>& scores;
+  bool operator()(int64_t a, int64_t b) const {
+    const float sa = scores[static_cast<size_t>(a)], sb = scores[static_cast<size_t>(b)];
+    const bool na = std::isnan(sa), nb = std::isnan(sb);
+    if (na != nb) return nb;
+    if (!na && sa != sb) return sa > sb;
+    return a < b;
+  }
+};
+}  // namespace
+
 std::vector<int64_t> select_tokens(const std::vector<float>& scores, const EvictionOptions& o) {
   const int64_t n = static_cast<int64_t>(scores.size());
   const int64_t keep = kept_count(n, o);
@@ -230,14 +244,7 @@ std::vector<int64_t> select_tokens(const std::vector<float>& scores, const Evict
   for (int64_t t = 0; t < n; ++t)
     if (!kept[static_cast<size_t>(t)]) middle.push_back(t);
   const int64_t budget = std::max<int64_t>(0, keep - forced);
-  auto better = [&](int64_t a, int64_t b) {
-    const float sa = scores[static_cast<size_t>(a)], sb = scores[static_cast<size_t>(b)];
-    // NaN scores rank last; ties go to the lower index.
-    const bool na = std::isnan(sa), nb = std::isnan(sb);
-    if (na != nb) return nb;
-    if (!na && sa != sb) return sa > sb;
-    return a < b;
-  };
+  const ScoreOrder better{scores};
   if (budget < static_cast<int64_t>(middle.size())) {
     std::nth_element(middle.begin(), middle.begin() + budget, middle.end(), better);
     middle.resize(static_cast<size_t>(budget));
@@ -248,6 +255,29 @@ std::vector<int64_t> select_tokens(const std::vector<float>& scores, const Evict
   for (int64_t t = 0; t < n; ++t)
     if (kept[static_cast<size_t>(t)]) out.push_back(t);
   return out;
+}
+
+int64_t tier_count(int64_t n, double fraction) {
+  require(n >= 0 && fraction >= 0.0 && fraction < 1.0, "tier_count: n must be >= 0 and fraction in [0, 1)");
+  return std::min<int64_t>(n, static_cast<int64_t>(std::llround(fraction * static_cast<double>(n))));
+}
+
+std::vector<int64_t> select_tier(const std::vector<float>& scores, const std::vector<int64_t>& kept, int64_t count,
+                                 const EvictionOptions& o) {
+  const int64_t n = static_cast<int64_t>(scores.size());
+  require(count >= 0, "select_tier: count must be >= 0");
+  std::vector<int64_t> candidates;
+  for (size_t i = 0; i < kept.size(); ++i) {
+    const int64_t t = kept[i];
+    require(t >= 0 && t < n && (i == 0 || t > kept[i - 1]), "select_tier: kept indices must be ascending and < n");
+    if (t >= o.sinks && t < n - o.recent) candidates.push_back(t);
+  }
+  if (count < static_cast<int64_t>(candidates.size())) {
+    std::nth_element(candidates.begin(), candidates.begin() + count, candidates.end(), ScoreOrder{scores});
+    candidates.resize(static_cast<size_t>(count));
+    std::sort(candidates.begin(), candidates.end());
+  }
+  return candidates;
 }
 
 std::vector<std::vector<int64_t>> select_layer(const LayerScores& s, const EvictionOptions& o) {

@@ -12,6 +12,8 @@
 #include "e8kv/entropy/container.hpp"
 #include "e8kv/numeric/half.hpp"
 #include "e8kv/parallel.hpp"
+#include "e8kv/select/eviction.hpp"
+#include "e8kv/select/scorer.hpp"
 #include "testing/synthetic_kv.hpp"
 #include "testing/kv_fixture.hpp"
 #include "testing/test_util.hpp"
@@ -791,6 +793,163 @@ TEST(Compressor, SharedSelectionAppliesToExtend) {
     EXPECT_NE(std::string(e.what()).find("same length"), std::string::npos) << e.what();
   }
   EXPECT_EQ(entropy::serialize(uneven), before);
+}
+
+// The fp16 tier (fp16_tier): per layer and position set, round(f·n) tokens beyond the sinks stay
+// fp16, exactly the highest-scoring ones eviction competes over (the brute-force reference is
+// select_tier on the scorer's own scores); they decode to their fp16-rounded input; the window
+// pins them ahead of the unpinned tokens; the container (version 4: pinned tokens among coded
+// ones) reads back identical; with eviction, per-head sets and one set for the model.
+TEST(Compressor, Fp16TierPinsTheTopScoredTokensInFp16) {
+  auto spec = default_spec(170);
+  spec.n_layers = 3;
+  Fixture f(spec);
+  const int64_t n = spec.tokens;
+  const int H = spec.n_kv_heads, d = spec.head_dim;
+  const int64_t tier = std::llround(0.05 * static_cast<double>(n));
+  for (const char* spec_string : {"preset=quant-k3v2,fp16_tier=0.05", "preset=high,fp16_tier=0.05",
+                                  "preset=high,fp16_tier=0.05,per_head=1,scorer=key-key",
+                                  "preset=high,fp16_tier=0.05,shared=1"}) {
+    SCOPED_TRACE(spec_string);
+    const Config cfg = Config::parse(spec_string);
+    KVCompressor c(f.shape, cfg);
+    const CompressedKV cache = c.compress(f.seq, &f.queries);
+    std::vector<int32_t> pos(static_cast<size_t>(n));
+    for (int64_t t = 0; t < n; ++t) pos[static_cast<size_t>(t)] = static_cast<int32_t>(t);
+    select::ScorerOptions so;
+    so.kind = cfg.scorer;
+    so.window = cfg.obs_window;
+    so.pool_kernel = cfg.pool_kernel;
+    select::EvictionOptions eo;
+    eo.rate = cfg.eviction_rate;
+    eo.sinks = cfg.sinks;
+    eo.recent = cfg.recent_window;
+    eo.per_head = cfg.per_head_selection;
+    std::vector<int32_t> shared_pins;
+    for (int l = 0; l < spec.n_layers; ++l) {
+      const auto& ld = cache.layer(l);
+      EXPECT_EQ(ld.pinned, cfg.sinks + tier) << "layer " << l;
+      const auto scores = select::score_layer(f.seq.layers[static_cast<size_t>(l)].keys, pos.data(),
+                                              &f.queries[static_cast<size_t>(l)], so, cache.layout().effective_softmax_scale());
+      const auto sets = cfg.eviction_rate > 0 ? select::select_layer(scores, eo) : std::vector<std::vector<int64_t>>{};
+      for (int h = 0; h < H; ++h) {
+        const auto& w = cache.window_positions(l, h);
+        const std::vector<int32_t> pins(w.begin(), w.begin() + ld.pinned);
+        // Reference (not for shared=1, whose scores are the model's: there, one set for all layers).
+        if (!cfg.shared_selection) {
+          const size_t s = cfg.per_head_selection ? static_cast<size_t>(h) : 0;
+          std::vector<float> row = cfg.per_head_selection
+                                       ? std::vector<float>(scores.scores.begin() + h * n, scores.scores.begin() + (h + 1) * n)
+                                       : select::aggregate_heads(scores, cfg.head_aggregation);
+          std::vector<int64_t> kept = sets.empty() ? std::vector<int64_t>{} : sets[s];
+          if (sets.empty())
+            for (int64_t t = 0; t < n; ++t) kept.push_back(t);
+          std::vector<int32_t> want;
+          for (int t = 0; t < cfg.sinks; ++t) want.push_back(t);
+          for (int64_t t : select::select_tier(row, kept, tier, eo)) want.push_back(static_cast<int32_t>(t));
+          EXPECT_EQ(pins, want) << "layer " << l << " head " << h;
+        } else if (shared_pins.empty()) {
+          shared_pins = pins;
+        } else {
+          EXPECT_EQ(pins, shared_pins) << "layer " << l << " head " << h;
+        }
+        // Pinned tokens decode to their fp16-rounded input; at least one sits among coded tokens.
+        const CompactHead ch = cache.decompress_head(l, h);
+        int among_coded = 0;
+        for (int32_t p : pins) {
+          const auto it = std::find(ch.positions.begin(), ch.positions.end(), p);
+          ASSERT_NE(it, ch.positions.end());
+          const size_t i = static_cast<size_t>(it - ch.positions.begin());
+          for (int e = 0; e < d; ++e) {
+            const size_t src = (static_cast<size_t>(p) * H + h) * d + e;
+            ASSERT_EQ(ch.keys[i * d + e], fp16_bits_to_float(float_to_fp16_bits(f.data.keys[l][src])));
+            ASSERT_EQ(ch.values[i * d + e], fp16_bits_to_float(float_to_fp16_bits(f.data.values[l][src])));
+          }
+          among_coded += !cache.positions(l, h).empty() && p > cache.positions(l, h).front() ? 1 : 0;
+        }
+        EXPECT_GE(among_coded, 1);
+        EXPECT_EQ(cache.stored_tokens(l, h), static_cast<int64_t>(ch.positions.size()));
+      }
+    }
+    const auto bytes = entropy::serialize(cache);
+    EXPECT_EQ(entropy::read_info(bytes.data(), bytes.size()).format_version, 4);
+    const CompressedKV back = entropy::deserialize(bytes.data(), bytes.size());
+    EXPECT_EQ(entropy::serialize(back), bytes);
+    std::vector<float> a(static_cast<size_t>(spec.n_q_heads) * d), b(a.size());
+    for (int l = 0; l < spec.n_layers; ++l) {
+      c.attend(cache, l, f.query(l, 0), static_cast<int32_t>(n), a.data());
+      c.attend(back, l, f.query(l, 0), static_cast<int32_t>(n), b.data());
+      EXPECT_EQ(a, b);
+    }
+  }
+  // Without the tier nothing changes: pinned is the sinks, and the container keeps its version.
+  const CompressedKV plain = KVCompressor(f.shape, Config::parse("preset=quant-k3v2")).compress(f.seq, &f.queries);
+  EXPECT_EQ(plain.layer(0).pinned, 4);
+  const auto plain_bytes = entropy::serialize(plain);
+  EXPECT_EQ(entropy::read_info(plain_bytes.data(), plain_bytes.size()).format_version, 3);
+}
+
+// The tier is what it costs: every pinned token is one window row (2·d fp16 values and a
+// position) in place of its codes and gains; bits per element go up by exactly that. And it buys
+// accuracy: attention through the codes moves closer to fp32 attention.
+TEST(Compressor, Fp16TierCostsItsBytesAndCutsTheError) {
+  Fixture f(default_spec(171));
+  const Config base = Config::parse("preset=quant-k2v2");
+  const Config tiered = Config::parse("preset=quant-k2v2,fp16_tier=0.1");
+  const CompressedKV a = KVCompressor(f.shape, base).compress(f.seq, &f.queries);
+  const CompressedKV b = KVCompressor(f.shape, tiered).compress(f.seq, &f.queries);
+  const auto ba = a.byte_breakdown(), bb = b.byte_breakdown();
+  const int H = f.shape.n_kv_heads, d = f.shape.head_dim, L = f.shape.n_layers;
+  const int64_t moved = b.layer(0).pinned - a.layer(0).pinned;
+  ASSERT_EQ(moved, 30);
+  // Codes are flushed in whole blocks, so the window may hold a few more unpinned tokens too.
+  const int64_t to_window = b.window_tokens(0) - a.window_tokens(0);
+  EXPECT_GE(to_window, moved);
+  EXPECT_LT(to_window, moved + b.layout().flush_block);
+  EXPECT_EQ(a.coded_tokens(0) - b.coded_tokens(0), to_window);
+  EXPECT_EQ(bb.window - ba.window, static_cast<size_t>(to_window) * L * H * 2 * d * 2);
+  const size_t code_bytes_per_token = a.layer(0).heads[0].key_codes.size() / static_cast<size_t>(a.coded_tokens(0)) +
+                                      a.layer(0).heads[0].value_codes.size() / static_cast<size_t>(a.coded_tokens(0));
+  EXPECT_EQ(ba.codes - bb.codes, static_cast<size_t>(to_window) * L * H * code_bytes_per_token);
+  EXPECT_EQ(ba.positions, bb.positions);  // a token's position is stored once either way
+  const Errors ea = measure(f, base), eb = measure(f, tiered);
+  std::printf("k2v2: out rel l2 %.4f kl %.5f; with a 10 %% fp16 tier: %.4f %.5f\n", ea.out_rel_l2, ea.kl, eb.out_rel_l2,
+              eb.kl);
+  EXPECT_LT(eb.out_rel_l2, ea.out_rel_l2);
+  EXPECT_LT(eb.kl, ea.kl);
+}
+
+// Appends after a tiered compress: the tier stays, the flushes code the unpinned tokens only, and
+// a pinned token can be the latest position (key-norm ranks the tiny last key first; recent=0):
+// an append at or before it is refused, the cache unchanged.
+TEST(Compressor, Fp16TierThenAppend) {
+  auto spec = default_spec(172);
+  spec.n_layers = 1;
+  Fixture f(spec);
+  const int64_t n = spec.tokens;
+  const int H = spec.n_kv_heads, d = spec.head_dim;
+  for (int h = 0; h < H; ++h)
+    for (int e = 0; e < d; ++e) f.data.keys[0][(static_cast<size_t>(n - 1) * H + h) * d + e] = 1e-3f;
+  const Config cfg = Config::parse("preset=quant-k3v2,fp16_tier=0.01,scorer=key-norm,recent=0");
+  KVCompressor c(f.shape, cfg);
+  auto cache = c.compress(f.seq, &f.queries);
+  const auto& w = cache.window_positions(0, 0);
+  ASSERT_EQ(cache.layer(0).pinned, 4 + 3);
+  ASSERT_EQ(w[static_cast<size_t>(cache.layer(0).pinned) - 1], n - 1) << "the last token is in the tier";
+  ASSERT_GT(w.size(), static_cast<size_t>(cache.layer(0).pinned)) << "unpinned tokens wait behind it";
+  EXPECT_LT(w.back(), n - 1);
+  const auto before = entropy::serialize(cache);
+  EXPECT_THROW(c.append(cache, 0, &f.data.keys[0][0], &f.data.values[0][0], static_cast<int32_t>(n - 1)), Error);
+  EXPECT_EQ(entropy::serialize(cache), before);
+  for (int64_t t = 0; t < 40; ++t)
+    c.append(cache, 0, &f.data.keys[0][static_cast<size_t>(t) * H * d], &f.data.values[0][static_cast<size_t>(t) * H * d],
+             static_cast<int32_t>(n + t));
+  EXPECT_EQ(cache.layer(0).pinned, 7);
+  EXPECT_EQ(cache.stored_tokens(0), n + 40);
+  const auto ch = cache.decompress_head(0, 0);
+  for (size_t i = 0; i < ch.positions.size(); ++i) ASSERT_EQ(ch.positions[i], static_cast<int32_t>(i));
+  const auto bytes = entropy::serialize(cache);
+  EXPECT_EQ(entropy::serialize(entropy::deserialize(bytes.data(), bytes.size())), bytes);
 }
 
 TEST(Compressor, BytesEqualHandComputedFormula) {

@@ -56,6 +56,7 @@ void expect_config_eq(const Config& a, const Config& b, const std::string& where
   EXPECT_TRUE(same_bits(a.rope.beta_slow, b.rope.beta_slow));
   EXPECT_TRUE(same_bits(a.rope.attention_factor, b.rope.attention_factor));
   EXPECT_TRUE(same_bits(a.eviction_rate, b.eviction_rate)) << a.eviction_rate << " vs " << b.eviction_rate;
+  EXPECT_TRUE(same_bits(a.fp16_tier, b.fp16_tier)) << a.fp16_tier << " vs " << b.fp16_tier;
   EXPECT_EQ(a.sinks, b.sinks);
   EXPECT_EQ(a.recent_window, b.recent_window);
   EXPECT_EQ(a.scorer, b.scorer);
@@ -90,6 +91,7 @@ TEST(ConfigFields, ExpectConfigEqCoversEveryField) {
     transform::KeyFrame key_frame;
     transform::RopeParams rope;
     double eviction_rate;
+    double fp16_tier;
     int sinks, recent_window;
     select::ScorerKind scorer;
     int obs_window, pool_kernel;
@@ -174,6 +176,7 @@ Config random_config(std::mt19937_64& rng, const ModelShape& shape) {
   c.rope.beta_slow = real(0.5, 2.0);
   c.rope.attention_factor = pick(2) == 0 ? 0.0 : real(0.5, 2.0);
   c.eviction_rate = pick(3) == 0 ? 0.0 : real(0.0, 0.99);
+  c.fp16_tier = pick(3) == 0 ? 0.0 : real(0.0, 0.99);
   c.sinks = pick(64);
   c.recent_window = pick(512);
   c.scorer = static_cast<select::ScorerKind>(pick(6));

@@ -117,7 +117,7 @@ CompressedKV compress(const Made& m, const Config& cfg, int appended = 0) {
                                   s.n_q_heads, s.head_dim),
                   m.kv.query_positions.data()});
   }
-  CompressedKV cache = c.compress(seq, cfg.eviction_rate > 0 ? &qs : nullptr);
+  CompressedKV cache = c.compress(seq, cfg.eviction_rate > 0 || cfg.fp16_tier > 0 ? &qs : nullptr);
   const size_t row = static_cast<size_t>(s.n_kv_heads) * static_cast<size_t>(s.head_dim);
   for (int t = prefill; t < s.tokens; ++t)
     for (int l = 0; l < s.n_layers; ++l)
@@ -476,7 +476,7 @@ void write_golden(const std::string& dir) {
   entropy::ContainerOptions o;
   o.chunk_tokens = 32;
   // Eviction with a shared position set, a residual window, appended tokens.
-  cache_entry("k3v2_evict_window.e8kv", s, Config::parse("preset=high,residual=8,flush=16,sinks=2,recent=8,mean_tokens=16,qweight=0,gain_bits=16"), 12, o);
+  cache_entry("k3v2_evict_window.e8kv", s, Config::parse("preset=high,rope=pre,residual=8,flush=16,sinks=2,recent=8,mean_tokens=16,qweight=0,gain_bits=16"), 12, o);
   // Per-head positions, post-RoPE keys, one rate per layer (ball/voronoi, rvq4/e8p), yarn RoPE
   // scaling, partial rotary, gain policies; every transform chosen adaptively.
   {
@@ -503,7 +503,7 @@ void write_golden(const std::string& dir) {
     synth::SyntheticSpec s3 = s;
     s3.tokens = 20;
     s3.seed = 13;
-    cache_entry("lossless_fp16.e8kv", s3, Config::parse("preset=lossless,residual=4,flush=8,sinks=2,qweight=0,gain_bits=16"), 0, o);
+    cache_entry("lossless_fp16.e8kv", s3, Config::parse("preset=lossless,rope=pre,residual=4,flush=8,sinks=2,qweight=0,gain_bits=16"), 0, o);
   }
   // Format version 2: query-weighted keys (key channel scales) and 8-bit gains (codes and
   // references), the defaults since version 2; and a cache whose query energy is still pending
@@ -514,17 +514,23 @@ void write_golden(const std::string& dir) {
     s5.seed = 15;
     entropy::ContainerOptions o5;
     o5.chunk_tokens = 16;
-    cache_entry("k3v2_qweight_gain8.e8kv", s5, Config::parse("preset=high,residual=8,flush=16,sinks=2,recent=8,mean_tokens=16"),
+    cache_entry("k3v2_qweight_gain8.e8kv", s5, Config::parse("preset=high,rope=pre,residual=8,flush=16,sinks=2,recent=8,mean_tokens=16"),
                 8, o5);
     synth::SyntheticSpec s6 = s;
     s6.tokens = 6;
     s6.seed = 16;
-    cache_entry("pending_energy.e8kv", s6, Config::parse("preset=high,mean_tokens=8"), 0, o);
+    cache_entry("pending_energy.e8kv", s6, Config::parse("preset=high,rope=pre,mean_tokens=8"), 0, o);
     // Format version 3: keys coded in the RoPE-residual frame.
     synth::SyntheticSpec s7 = s5;
     s7.seed = 17;
     cache_entry("k3v2_residual.e8kv", s7,
                 Config::parse("preset=high,rope=residual,residual=8,flush=16,sinks=2,recent=8,mean_tokens=16"), 8, o5);
+    // Format version 4: the fp16 tier, pinned tokens among the coded ones.
+    synth::SyntheticSpec s8 = s5;
+    s8.seed = 18;
+    cache_entry("k3v2_fp16_tier.e8kv", s8,
+                Config::parse("preset=quant-k3v2,fp16_tier=0.1,residual=8,flush=16,sinks=2,recent=8,mean_tokens=16"), 8,
+                o5);
   }
   // Plain bf16 tensors.
   {

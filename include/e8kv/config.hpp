@@ -57,6 +57,13 @@ struct Config {
 
   // Eviction.
   double eviction_rate = 0.0;
+  /// The fp16 tier (per-token rates): this fraction of each compress / extend chunk's tokens,
+  /// the most important by the scorer among those eviction competes over (not the sinks, not the
+  /// last recent_window tokens, only kept ones), stays in fp16 for good, pinned in the window
+  /// beside the sinks, at any position; the other kept tokens are coded. 0 (off) to below 1.
+  /// Appended tokens are not promoted (they enter the codes through the window). Counted by
+  /// bytes() as window rows and positions.
+  double fp16_tier = 0.0;
   int sinks = 4;
   int recent_window = 32;
   select::ScorerKind scorer = select::ScorerKind::kObservationWindow;
@@ -101,7 +108,7 @@ struct Config {
   static const char* preset_names();
   /// Reads a spec string: comma-separated key=value items, "preset=NAME" first wherever it
   /// appears (an explicit field always wins over the preset). Keys (the field each one sets):
-  ///   key, value (codecs: fp16, e8p2, rvq3, rvq4, ball3, ball4, vor2..4, lm2..4), evict, sinks,
+  ///   key, value (codecs: fp16, e8p2, rvq3, rvq4, ball3, ball4, vor2..4, lm2..4), evict, fp16_tier, sinks,
   ///   recent, scorer (obs-window, multi-window, key-key, streaming, random, key-norm), window,
   ///   pool, protect, rope (pre | post), key_gain, value_gain (ls, norm, unbiased), key_scale,
   ///   value_scale, residual, flush, per_head, shared (shared_selection), fp16_sinks, center,

@@ -164,7 +164,8 @@ CompressedKV::LayerData read_layer_range(ChunkDecoder& dec, const Header& h, int
   for (size_t s = 0; s < sets; ++s) {
     const int64_t n = c.coded[s] + c.window[s];
     const int64_t w0 = std::max(std::min(begin, n), c.coded[s]) - c.coded[s];  // first selected window token
-    check_positions(out.positions[s], out.window_positions[s], c.pinned - w0, l, s);
+    check_positions(out.positions[s], out.window_positions[s], c.pinned - w0, l, s,
+                    static_cast<uint16_t>(h.info.format_version));
   }
   return out;
 }

@@ -2,6 +2,7 @@
 // directory, then per layer its chunks of seven streams.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -125,7 +126,7 @@ std::vector<uint8_t> encode_cache(const CompressedKV& cache, const ContainerOpti
   io::check(n_chunks <= std::numeric_limits<uint32_t>::max(), "{} chunks are too many; raise chunk_tokens", n_chunks);
   std::vector<uint8_t> out;
   io::ByteWriter w(out);
-  const uint16_t version = format_version_for(L);
+  const uint16_t version = std::max(format_version_for(L), positions_version(cache));
   write_prefix(w, ContainerKind::kCompressedCache, static_cast<uint64_t>(T), static_cast<uint64_t>(n_chunks), version);
   write_layout_record(w, L, version);
   for (int l = 0; l < L.n_layers; ++l) write_layer_entry(w, counts[static_cast<size_t>(l)], cache.layer(l), version);
@@ -161,7 +162,7 @@ size_t serialized_size_bound(const CompressedKV& cache, const ContainerOptions& 
   const CacheLayout& L = cache.layout();
   validate_layout(L);
   const int64_t T = options.chunk_tokens;
-  const uint16_t version = format_version_for(L);
+  const uint16_t version = std::max(format_version_for(L), positions_version(cache));
   uint64_t header = kPrefixBytes + CacheLayout::kLayoutRecordBytes + 2 * static_cast<uint64_t>(L.n_layers) + 4;
   uint64_t body = 0;
   for (int l = 0; l < L.n_layers; ++l) {

@@ -95,9 +95,15 @@ uint64_t cache_chunk_raw_bytes(const CacheLayout& L, int l, const LayerCounts& c
 /// The rows of every set of a chunk.
 std::vector<ChunkRows> chunk_rows_of(const LayerCounts& c, int64_t chunk, int64_t chunk_tokens);
 
-/// Fails unless the positions of one set are >= 0 and strictly increasing in token order: the
-/// window's first `pinned` tokens (attention sinks), then the coded tokens, then the rest.
+/// The first format version whose pinned window tokens (sinks, fp16 tier) may sit anywhere among
+/// the coded and window tokens' positions.
+inline constexpr uint16_t kInterleavedPinnedSince = 4;
+
+/// Fails unless the positions of one set are >= 0 and ordered as format `version` stores them.
+/// Versions 1-3: strictly increasing in token order, the window's first `pinned` tokens
+/// (attention sinks), then the coded tokens, then the rest. Version 4: the pinned tokens
+/// strictly increasing, the coded tokens then the rest strictly increasing, no position in both.
 void check_positions(const std::vector<int32_t>& coded, const std::vector<int32_t>& window, int64_t pinned, int layer,
-                     size_t set);
+                     size_t set, uint16_t version);
 
 }  // namespace e8kv::entropy

@@ -95,21 +95,55 @@ uint64_t cache_chunk_raw_bytes(const CacheLayout& L, int l, const LayerCounts& c
 }
 
 void check_positions(const std::vector<int32_t>& coded, const std::vector<int32_t>& window, int64_t pinned, int layer,
-                     size_t set) {
+                     size_t set, uint16_t version) {
   const size_t np = static_cast<size_t>(std::min<int64_t>(std::max<int64_t>(pinned, 0), static_cast<int64_t>(window.size())));
-  int32_t prev = -1;
-  auto run = [&](const int32_t* p, size_t n) {
+  auto increasing = [&](const int32_t* p, size_t n, int32_t prev, const char* order) {
     for (size_t i = 0; i < n; ++i) {
       if (p[i] <= prev)
-        fail(fmt::format("positions of layer {}, set {} are not >= 0 and strictly increasing (pinned window tokens, "
-                         "coded tokens, window tokens): {} after {}",
-                         layer, set, p[i], prev));
+        fail(fmt::format("positions of layer {}, set {} are not >= 0 and strictly increasing ({}): {} after {}", layer,
+                         set, order, p[i], prev));
       prev = p[i];
     }
   };
-  run(window.data(), np);
-  run(coded.data(), coded.size());
-  run(window.data() + np, window.size() - np);
+  if (version < kInterleavedPinnedSince) {
+    // One run: pinned window tokens, coded tokens, the other window tokens.
+    const char* order = "pinned window tokens, coded tokens, window tokens";
+    increasing(window.data(), np, -1, order);
+    increasing(coded.data(), coded.size(), np > 0 ? window[np - 1] : -1, order);
+    increasing(window.data() + np, window.size() - np,
+               !coded.empty() ? coded.back() : (np > 0 ? window[np - 1] : -1), order);
+    return;
+  }
+  // Version 4: the pinned tokens (sinks, fp16 tier) are one increasing run at any positions, the
+  // coded tokens then the other window tokens another; no position in both.
+  increasing(window.data(), np, -1, "pinned window tokens");
+  const char* order = "coded tokens, then unpinned window tokens";
+  increasing(coded.data(), coded.size(), -1, order);
+  increasing(window.data() + np, window.size() - np, coded.empty() ? -1 : coded.back(), order);
+  size_t c = 0, w = np;
+  for (size_t i = 0; i < np; ++i) {
+    const int32_t pos = window[i];
+    while (c < coded.size() && coded[c] < pos) ++c;
+    while (w < window.size() && window[w] < pos) ++w;
+    if ((c < coded.size() && coded[c] == pos) || (w < window.size() && window[w] == pos))
+      fail(fmt::format("positions of layer {}, set {}: position {} is both pinned and stored elsewhere", layer, set,
+                       pos));
+  }
+}
+
+uint16_t positions_version(const CompressedKV& cache) {
+  for (int l = 0; l < cache.n_layers(); ++l) {
+    const auto& ld = cache.layer(l);
+    for (size_t s = 0; s < ld.positions.size(); ++s) {
+      const auto& w = ld.window_positions[s];
+      const size_t np = static_cast<size_t>(std::min<int64_t>(std::max<int64_t>(ld.pinned, 0), static_cast<int64_t>(w.size())));
+      if (np == 0) continue;
+      const int32_t last_pinned = w[np - 1];
+      if ((!ld.positions[s].empty() && ld.positions[s].front() <= last_pinned) || (w.size() > np && w[np] <= last_pinned))
+        return kInterleavedPinnedSince;
+    }
+  }
+  return 1;
 }
 
 // ---- writing ----------------------------------------------------------------------------------------
@@ -166,7 +200,7 @@ LayerCounts checked_counts(const CompressedKV& cache, int l, int64_t chunk_token
           c.coded[s] + c.window[s], kMaxSetTokens);
     check(c.pinned >= 0 && c.pinned <= c.window[s], "layer {}: pinned {} is outside [0, window tokens of set {} = {}]",
           l, c.pinned, s, c.window[s]);
-    check_positions(ld.positions[s], ld.window_positions[s], c.pinned, l, s);
+    check_positions(ld.positions[s], ld.window_positions[s], c.pinned, l, s, kFormatVersion);
   }
   check(c.original_tokens >= c.max_stored(), "layer {}: original_tokens {} is below the stored token count {}", l,
         c.original_tokens, c.max_stored());

@@ -14,6 +14,9 @@ namespace e8kv::entropy {
 /// The writer's view of layer l: its counts, after checking that every vector of the layer agrees
 /// with them and with the layout (so gathering never overruns, and the reader accepts it).
 LayerCounts checked_counts(const CompressedKV& cache, int l, int64_t chunk_tokens);
+/// The format version the positions of `cache` need: kInterleavedPinnedSince when some set pins
+/// a token after a coded or unpinned window token's position (fp16 tier), else 1.
+uint16_t positions_version(const CompressedKV& cache);
 /// Appends layer l's table entry in format `version`.
 void write_layer_entry(io::ByteWriter& w, const LayerCounts& c, const CompressedKV::LayerData& ld, uint16_t version);
 /// Bytes write_layer_entry appends.

@@ -55,6 +55,7 @@ inline constexpr size_t kLayoutRecordBytes = 128;
   CONFIG(key_codec, "key", named<quant::Codec>())                                                                    \
   CONFIG(value_codec, "value", named<quant::Codec>())                                                                \
   CONFIG(eviction_rate, "evict", fraction_below_one())                                                               \
+  CONFIG(fp16_tier, "fp16_tier", fraction_below_one())                                                               \
   CONFIG(sinks, "sinks", ints(0, kIntMax))                                                                           \
   CONFIG(recent_window, "recent", ints(0, kIntMax))                                                                  \
   CONFIG(scorer, "scorer", named<select::ScorerKind>())                                                              \

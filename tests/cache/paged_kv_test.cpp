@@ -408,10 +408,11 @@ TEST(PagedKV, SignBitsAndErrors) {
 TEST(PagedKV, DefaultConfigRoundTripsByteForByte) {
   const uint64_t seed = 630;
   std::printf("[seed] %llu\n", static_cast<unsigned long long>(seed));
-  for (const char* preset : {"high", "quant-k2v2", "quant-k4v4"}) {
+  // The fp16 tier travels as pinned window rows (window_pinned), at any position.
+  for (const char* preset : {"high", "quant-k2v2", "quant-k4v4", "quant-k2v2,fp16_tier=0.05"}) {
     for (bool per_head : {false, true}) {
       SCOPED_TRACE(std::string(preset) + (per_head ? " per-head" : " shared"));
-      Config cfg = Config::preset(preset);  // gain_bits 8, qweight, residual keys: the defaults
+      Config cfg = Config::parse(std::string("preset=") + preset);  // gain_bits 8, qweight, residual keys: the defaults
       ASSERT_EQ(cfg.gain_bits, 8);
       ASSERT_TRUE(cfg.query_weighted_keys);
       ASSERT_EQ(cfg.key_frame, KeyFrame::kRopeResidual);
@@ -452,6 +453,7 @@ TEST(PagedKV, DefaultConfigRoundTripsByteForByte) {
       }
       ASSERT_FALSE(caches[3].layer(0).heads[0].key_channel_scale.empty()) << "query-weighted keys expected";
       ASSERT_FALSE(caches[3].layer(0).heads[0].key_gain_codes.empty()) << "8-bit gains expected";
+      if (cfg.fp16_tier > 0) ASSERT_EQ(caches[3].layer(0).pinned, cfg.sinks + 15) << "a 15-token fp16 tier expected";
       std::vector<const CompressedKV*> in;
       for (const auto& c : caches) in.push_back(&c);
       std::vector<CompressedKV> fresh;

@@ -46,7 +46,7 @@ TEST(ContainerFiles, WriteReadLayerAndInfo) {
 }
 
 // Every golden file reads back: header fields as the manifest lists them, the content digest the
-// writer took from the in-memory cache before serializing it (files of versions 2 and 3: including
+// writer took from the in-memory cache before serializing it (files of versions 2-4: including
 // the version-2 fields), partial reads equal to the full read, and a re-serialization that reads
 // back equal. Version-1 files are those written before version 2 existed.
 TEST(ContainerGolden, FilesOfEveryFormatVersionReadBack) {
@@ -91,7 +91,16 @@ TEST(ContainerGolden, FilesOfEveryFormatVersionReadBack) {
         got += std::string(l ? "," : "") + quant::to_string(L.key_codec[static_cast<size_t>(l)]) + "/" +
                quant::to_string(L.value_codec[static_cast<size_t>(l)]);
       EXPECT_EQ(got, codecs);
-      EXPECT_EQ(L.key_frame == transform::KeyFrame::kRopeResidual, version == 3);
+      if (version <= 3) EXPECT_EQ(L.key_frame == transform::KeyFrame::kRopeResidual, version == 3);
+      if (version == 4) {  // the fp16 tier: some pinned token follows a coded one
+        bool interleaved = false;
+        for (int l = 0; l < L.n_layers; ++l) {
+          const auto& ld = c.layer(l);
+          interleaved = interleaved || (ld.pinned > 0 && !ld.positions[0].empty() &&
+                                        ld.window_positions[0][static_cast<size_t>(ld.pinned) - 1] > ld.positions[0].front());
+        }
+        EXPECT_TRUE(interleaved);
+      }
       if (version >= 2) {
         ++files_v2;
         EXPECT_TRUE(L.query_weighted_keys);
@@ -101,7 +110,7 @@ TEST(ContainerGolden, FilesOfEveryFormatVersionReadBack) {
         const bool flushed = !ld.heads[0].key_channel_scale.empty() && !ld.heads[0].key_gain_codes.empty() &&
                              ld.heads[0].key_gain_ref != 0;
         const bool pending = ld.heads[0].key_channel_scale.empty() && ld.query_energy.size() == 2;
-        EXPECT_TRUE(flushed != pending) << "the golden files of versions 2 and 3 have scales + 8-bit gains, or pending energy";
+        EXPECT_TRUE(flushed != pending) << "the golden files of versions 2-4 have scales + 8-bit gains, or pending energy";
       }
       // Partial reads of golden files agree with the full read, and the cache re-serializes.
       for (int l = 0; l < L.n_layers; ++l)
@@ -113,8 +122,8 @@ TEST(ContainerGolden, FilesOfEveryFormatVersionReadBack) {
     }
     ++files;
   }
-  EXPECT_EQ(files, 7);
-  EXPECT_EQ(files_v2, 3);
+  EXPECT_EQ(files, 8);
+  EXPECT_EQ(files_v2, 4);
 }
 
 // Writes the cache to a file in one child process, reads it and attends in a second child

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "container/format.hpp"
 #include "entropy/container_test_util.hpp"
 
 namespace {
@@ -467,6 +468,48 @@ TEST_F(ContainerCorruption, DecodedPositionsMustIncrease) {
   put_at<int32_t>(u, c0 + 40 + 7 * 24, -5);
   fix_chunk_crc(u, c0);
   expect_error([&] { deser(u); }, "strictly increasing");
+}
+
+// The order rules of a set's positions, per format version (src/container/format.hpp): versions
+// 1-3 hold one increasing run (pinned, coded, window); version 4 lets the pinned tokens (sinks,
+// fp16 tier) sit anywhere, as long as no position is stored twice.
+TEST(ContainerPositions, OrderRulesOfEachVersion) {
+  using V = std::vector<int32_t>;
+  auto ok = [](const V& coded, const V& window, int64_t pinned, uint16_t version) {
+    try {
+      ent::check_positions(coded, window, pinned, 0, 0, version);
+      return true;
+    } catch (const e8kv::Error&) {
+      return false;
+    }
+  };
+  // Sinks before everything: every version.
+  for (uint16_t v = 1; v <= 4; ++v) EXPECT_TRUE(ok({4, 5, 9}, {0, 1, 10, 11}, 2, v)) << v;
+  // A pinned token among the coded ones, or after the unpinned window tokens: version 4 only.
+  EXPECT_FALSE(ok({4, 5, 9}, {0, 7, 10, 11}, 2, 3));
+  EXPECT_TRUE(ok({4, 5, 9}, {0, 7, 10, 11}, 2, 4));
+  EXPECT_FALSE(ok({}, {0, 12, 10, 11}, 2, 3));
+  EXPECT_TRUE(ok({}, {0, 12, 10, 11}, 2, 4));
+  // Version 4 still refuses: a pinned position stored twice (coded or in the window), pinned or
+  // coded runs out of order, unpinned window tokens before the last coded one, negatives.
+  EXPECT_FALSE(ok({4, 5, 9}, {0, 5, 10, 11}, 2, 4));
+  EXPECT_FALSE(ok({4, 5, 9}, {0, 11, 10, 11}, 2, 4));
+  EXPECT_FALSE(ok({4, 5, 9}, {7, 0, 10, 11}, 2, 4));
+  EXPECT_FALSE(ok({5, 4, 9}, {0, 7, 10, 11}, 2, 4));
+  EXPECT_FALSE(ok({4, 5, 9}, {0, 7, 8, 11}, 2, 4));
+  EXPECT_FALSE(ok({4, 5, 9}, {-1, 7, 10, 11}, 2, 4));
+}
+
+// A version-4 container (fp16 tier: pinned tokens among the coded ones) relabelled as version 3
+// is refused by the version-3 order rule, not read into a cache no version-3 writer made.
+TEST(ContainerPositions, TieredCacheNeedsVersion4) {
+  const Made m = make_cache("preset=quant-k3v2,fp16_tier=0.1,rope=pre", small_spec(2, 2, 4, 64, 120, 62), 0);
+  auto bytes = ent::serialize(m.cache);
+  ASSERT_EQ(ent::read_info(bytes.data(), bytes.size()).format_version, 4);
+  expect_cache_eq(m.cache, deser(bytes));
+  put_at<uint16_t>(bytes, 8, 3);
+  fix_header_crc(bytes);
+  expect_error([&] { deser(bytes); }, "strictly increasing");
 }
 
 TEST_F(ContainerCorruption, ZstdDamageWithoutChecksumsIsAnError) {

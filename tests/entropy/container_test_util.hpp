@@ -67,7 +67,7 @@ inline Made make_cache(const std::string& spec, const synth::SyntheticSpec& s, i
     qs.push_back({TensorView::nhd(m.kv.queries[static_cast<size_t>(l)].data(), DType::kF32, w, s.n_q_heads, s.head_dim),
                   m.kv.query_positions.data()});
   }
-  m.cache = m.compressor->compress(seq, cfg.eviction_rate > 0 || with_queries ? &qs : nullptr);
+  m.cache = m.compressor->compress(seq, cfg.eviction_rate > 0 || cfg.fp16_tier > 0 || with_queries ? &qs : nullptr);
   const size_t row = static_cast<size_t>(s.n_kv_heads) * static_cast<size_t>(s.head_dim);
   for (int t = prefill; t < s.tokens; ++t)
     for (int l = 0; l < s.n_layers; ++l)

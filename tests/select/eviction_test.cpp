@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -180,6 +181,60 @@ TEST(SelectTokens, FewerTokensThanSinksPlusRecentKeepsAll) {
     for (int64_t t = 0; t < n; ++t) all[static_cast<size_t>(t)] = t;
     EXPECT_EQ(e8kv::select::select_tokens(s, options(0.9, 4, 32)), all) << "n " << n;
   }
+}
+
+// select_tier against a brute-force reference: the candidates are the kept tokens outside the
+// sinks and the recent window, ranked by score (higher first, NaN last, ties to the lower index),
+// the first `count` taken and sorted; for every size, rate, protection and count (0, some, more
+// than compete), on distinct and on tied scores.
+std::vector<int64_t> naive_tier(const std::vector<float>& s, const std::vector<int64_t>& kept, int64_t count, int sinks,
+                                int recent) {
+  const int64_t n = static_cast<int64_t>(s.size());
+  std::vector<int64_t> c;
+  for (int64_t t : kept)
+    if (t >= sinks && t < n - recent) c.push_back(t);
+  std::stable_sort(c.begin(), c.end(), [&](int64_t a, int64_t b) {
+    const bool na = std::isnan(s[static_cast<size_t>(a)]), nb = std::isnan(s[static_cast<size_t>(b)]);
+    if (na || nb) return !na && nb;
+    return s[static_cast<size_t>(a)] > s[static_cast<size_t>(b)];
+  });
+  if (static_cast<int64_t>(c.size()) > count) c.resize(static_cast<size_t>(count));
+  std::sort(c.begin(), c.end());
+  return c;
+}
+
+TEST(SelectTier, MatchesBruteForce) {
+  auto rng = e8kv::test::seeded_rng(2104);
+  int checked = 0;
+  for (const int distinct : {0, 2, 5})  // 0: distinct scores
+    for (const int64_t n : kSizes)
+      for (const double rate : kRates)
+        for (const auto p : kProtected) {
+          auto s = distinct == 0 ? naive::uniform_floats(rng, static_cast<size_t>(n), 10.0) : tied_scores(rng, n, distinct);
+          if (n > 3) s[static_cast<size_t>(n / 2)] = std::numeric_limits<float>::quiet_NaN();
+          const auto o = options(rate, p.sinks, p.recent);
+          const auto kept = e8kv::select::select_tokens(s, o);
+          for (const int64_t count : {int64_t{0}, int64_t{1}, e8kv::select::tier_count(n, 0.05), n / 3, n + 1}) {
+            ASSERT_EQ(e8kv::select::select_tier(s, kept, count, o), naive_tier(s, kept, count, p.sinks, p.recent))
+                << label(n, rate, p) << " count " << count << " distinct " << distinct;
+            ++checked;
+          }
+        }
+  EXPECT_GT(checked, 100);
+}
+
+TEST(SelectTier, CountAndBadInput) {
+  EXPECT_EQ(e8kv::select::tier_count(300, 0.05), 15);
+  EXPECT_EQ(e8kv::select::tier_count(0, 0.5), 0);
+  EXPECT_EQ(e8kv::select::tier_count(3, 0.5), 2);  // round half away from zero
+  EXPECT_THROW(e8kv::select::tier_count(10, 1.0), e8kv::Error);
+  EXPECT_THROW(e8kv::select::tier_count(10, -0.1), e8kv::Error);
+  const std::vector<float> s = {1, 2, 3, 4};
+  const auto o = options(0.0, 0, 0);
+  EXPECT_THROW(e8kv::select::select_tier(s, {2, 1}, 1, o), e8kv::Error);  // not ascending
+  EXPECT_THROW(e8kv::select::select_tier(s, {0, 4}, 1, o), e8kv::Error);  // out of range
+  EXPECT_THROW(e8kv::select::select_tier(s, {0, 1}, -1, o), e8kv::Error);
+  EXPECT_EQ(e8kv::select::select_tier(s, {0, 1, 3}, 2, o), (std::vector<int64_t>{1, 3}));
 }
 
 // StreamingLLM end to end: streaming scores + eviction keep the sinks and then the most recent

@@ -1,8 +1,9 @@
 // The compressed KV cache of one sequence: what attention reads.
 //
 // Per layer and KV head: the kept tokens' packed key codes and fp16 gains, packed value codes
-// and gains, and an fp16 residual window of recent tokens (post-RoPE keys, as given) that
-// append() flushes into codes in whole blocks. Positions are kept per layer (one set shared by
+// and gains, and an fp16 window (post-RoPE keys, as given): pinned tokens kept in fp16 for good
+// (sinks, the fp16 tier of important tokens) and recent tokens that append() flushes into codes
+// in whole blocks. Positions are kept per layer (one set shared by
 // the KV heads) or per KV head. Keys are coded with RoPE removed by default; attention
 // re-applies it at each token's stored position.
 //
@@ -94,7 +95,10 @@ class CompressedKV {
     std::vector<std::vector<int32_t>> window_positions;  ///< residual window, same sets
     std::vector<HeadData> heads;
     int64_t original_tokens = 0;  ///< tokens ever given to this layer (before eviction)
-    int64_t pinned = 0;           ///< leading window tokens kept in fp16 for good (attention sinks)
+    /// Leading window tokens kept in fp16 for good: attention sinks and the fp16 tier
+    /// (Config::fp16_tier). Ascending among themselves, at any position; the other window tokens
+    /// follow every coded token.
+    int64_t pinned = 0;
     /// Query energy per head and channel (pair-averaged), from the first chunk's observation
     /// queries, kept until every head's key channel scales are estimated (its first flush), then
     /// freed. While held it is part of the cache: serialized (format v2+, so a read-back cache

@@ -36,9 +36,10 @@ namespace e8kv::entropy {
 /// The newest container format version this library reads and writes. Version 2 adds
 /// query-weighted keys and 8-bit gains (two layout bytes; per head the key channel scales, the
 /// pending query energies and the gain references); version 3 the RoPE-residual key frame
-/// (key-frame byte value 2). A cache is written at the lowest version that holds it, byte for
-/// byte as that version always wrote it.
-inline constexpr uint16_t kFormatVersion = 3;
+/// (key-frame byte value 2); version 4 pinned fp16 window tokens at any position (the fp16 tier,
+/// Config::fp16_tier), where older versions pinned only tokens before every other. A cache is
+/// written at the lowest version that holds it, byte for byte as that version always wrote it.
+inline constexpr uint16_t kFormatVersion = 4;
 /// The 8 magic bytes at offset 0: 0x8B 'E' '8' 'K' 'V' '\r' '\n' 0x1A (a high-bit byte and a
 /// CR LF pair detect 7-bit and text-mode mangling, like PNG's signature).
 inline constexpr std::array<uint8_t, 8> kMagic = {0x8B, 'E', '8', 'K', 'V', '\r', '\n', 0x1A};

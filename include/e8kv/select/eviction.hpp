@@ -24,6 +24,16 @@ int64_t kept_count(int64_t n, const EvictionOptions& o);
 /// ascending. Ties in score are broken by the lower index (deterministic).
 std::vector<int64_t> select_tokens(const std::vector<float>& scores, const EvictionOptions& o);
 
+/// Tier size for a chunk of n tokens: round(fraction · n), fraction in [0, 1).
+int64_t tier_count(int64_t n, double fraction);
+
+/// The tokens of a kept set promoted to a higher-rate tier (Config::fp16_tier): the `count`
+/// highest-scoring of `kept` (chunk indices, ascending) among those eviction competes over — not
+/// among the first o.sinks nor the last o.recent of the scores.size() scored tokens — as chunk
+/// indices, ascending; all of them when fewer compete. Ties go to the lower index, NaN ranks last.
+std::vector<int64_t> select_tier(const std::vector<float>& scores, const std::vector<int64_t>& kept, int64_t count,
+                                 const EvictionOptions& o);
+
 /// Kept sets of a layer: one shared set (size 1) or one per KV head (size kv_heads).
 std::vector<std::vector<int64_t>> select_layer(const LayerScores& scores, const EvictionOptions& o);
 
