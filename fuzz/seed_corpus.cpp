@@ -1,6 +1,7 @@
 // Seed corpus of the container fuzzers (fuzz/seed_corpus.hpp): small synthetic caches compressed
 // with every preset, written as format version 1 (qweight=0, gain_bits=16, rope=pre), version 2
-// (rope=pre) and version 3 (rope=residual, the default), plus per-head positions with post-RoPE keys and
+// (rope=pre), version 3 (rope=residual, the default) and version 4 (an fp16 tier), plus per-head
+// positions with post-RoPE keys and
 // scaled RoPE, a pending query energy, an empty cache and plain fp16 / bf16 containers. Each
 // blob is at most a few tens of KB.
 #include "seed_corpus.hpp"
@@ -118,6 +119,15 @@ int write_seed_corpus(const std::string& dir) {
     entropy::ContainerOptions adaptive = chunks;
     adaptive.adaptive = true;
     w.add("perhead-yarn", entropy::serialize(make_cache(spec(32, 128, 200), cfg, 4), adaptive));
+  }
+  // Version 4: an fp16 tier (pinned tokens among the coded ones), shared and per-head sets.
+  for (const char* tail : {"", ",per_head=1,evict=0.3"}) {
+    const Config cfg = Config::parse(std::string("preset=quant-k3v2,fp16_tier=0.15,mean_tokens=8,residual=4,flush=8,"
+                                                 "sinks=2,recent=4") + tail);
+    const std::vector<uint8_t> bytes = entropy::serialize(make_cache(spec(40, 64, ++seed), cfg, 6), chunks);
+    if (entropy::read_info(bytes.data(), bytes.size()).format_version != 4)
+      throw Error("write_seed_corpus: the fp16-tier cache was not written as version 4");
+    w.add(std::string("fp16-tier") + (*tail ? "-per-head" : ""), bytes);
   }
   // Nothing flushed yet: the observation queries' energy is pending (version 2).
   w.add("pending-energy", entropy::serialize(make_cache(spec(6, 64, 201), Config::parse("preset=high"), 0), chunks));
