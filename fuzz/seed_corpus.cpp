@@ -1,9 +1,8 @@
 // Seed corpus of the container fuzzers (fuzz/seed_corpus.hpp): small synthetic caches compressed
 // with every preset, written as format version 1 (qweight=0, gain_bits=16, rope=pre), version 2
 // (rope=pre), version 3 (rope=residual, the default) and version 4 (an fp16 tier), plus per-head
-// positions with post-RoPE keys and
-// scaled RoPE, a pending query energy, an empty cache and plain fp16 / bf16 containers. Each
-// blob is at most a few tens of KB.
+// positions with post-RoPE keys and scaled RoPE, a pending query energy, an empty cache and plain
+// fp16 / bf16 containers. Each blob is at most a few tens of KB.
 #include "seed_corpus.hpp"
 
 #include <algorithm>
