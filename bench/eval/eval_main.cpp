@@ -243,6 +243,52 @@ void run_chunks(const Options& o, const llama::Model& model, const std::vector<s
   }
 }
 
+// --verbose diagnostics of the fp16 tier in the needle test: the positions of the tokens that
+// spell the needle's number (the first run of tokens whose texts, concatenated, are its digits),
+// and how many of them each configuration holds pinned in fp16, per layer.
+std::vector<int32_t> needle_positions(const llama::Tokenizer& tok, const std::vector<int32_t>& ids, int number) {
+  const std::string digits = std::to_string(number);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    std::string text;
+    for (size_t j = i; j < ids.size() && text.size() < digits.size() + 2; ++j) {
+      std::string piece = tok.decode({ids[j]}, true);
+      piece.erase(std::remove(piece.begin(), piece.end(), ' '), piece.end());
+      text += piece;
+      if (text == digits) {
+        std::vector<int32_t> out;
+        for (size_t k = i; k <= j; ++k) out.push_back(static_cast<int32_t>(k));
+        return out;
+      }
+      if (digits.compare(0, text.size(), text) != 0) break;
+    }
+  }
+  return {};
+}
+
+void report_pinned_needle(const std::vector<ConfigSpec>& cfgs,
+                          const std::vector<std::unique_ptr<eval::MeasuredBackend>>& backends,
+                          const std::vector<int32_t>& needle) {
+  for (size_t i = 0; i < cfgs.size(); ++i) {
+    const auto* e8 = dynamic_cast<const eval::E8kvBackend*>(backends[i].get());
+    if (e8 == nullptr || needle.empty()) continue;
+    const CompressedKV& c = e8->cache();
+    int layers_all = 0, layers_any = 0;
+    double held = 0;
+    for (int l = 0; l < c.n_layers(); ++l) {
+      const auto& w = c.window_positions(l, 0);
+      const auto pinned = c.layer(l).pinned;
+      int n = 0;
+      for (int32_t p : needle) n += std::find(w.begin(), w.begin() + pinned, p) != w.begin() + pinned ? 1 : 0;
+      held += static_cast<double>(n) / needle.size();
+      layers_all += n == static_cast<int>(needle.size());
+      layers_any += n > 0;
+    }
+    std::fprintf(stderr, "\n[niah] %s: needle tokens %d-%d pinned in fp16 (head 0's set): %.0f %% on average over layers, "
+                 "all of them in %d of %d layers, some in %d\n", cfgs[i].name.c_str(), needle.front(), needle.back(),
+                 100.0 * held / c.n_layers(), layers_all, c.n_layers(), layers_any);
+  }
+}
+
 // Needle in a haystack through the model's chat template; greedy answer, exact match of the number.
 void run_niah(const Options& o, const llama::Model& model, const std::vector<int32_t>& haystack_tokens,
               const std::vector<ConfigSpec>& cfgs, const std::vector<std::unique_ptr<KVCompressor>>& comps,
@@ -275,6 +321,7 @@ void run_niah(const Options& o, const llama::Model& model, const std::vector<int
       model.prefill(head, &cap, llama::LogitsMode::kNone);
       std::vector<std::unique_ptr<eval::MeasuredBackend>> backends;
       for (size_t i = 0; i < cfgs.size(); ++i) backends.push_back(make_backend(cfgs[i], comps[i].get(), cap, mc));
+      if (o.verbose) report_pinned_needle(cfgs, backends, needle_positions(tok, head, number));
       std::vector<llama::KvBackend*> ptrs;
       for (auto& b : backends) ptrs.push_back(b.get());
       std::vector<std::vector<int32_t>> answers(cfgs.size());

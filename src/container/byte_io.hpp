@@ -1,5 +1,5 @@
-// Little-endian byte writer and bounds-checked reader of the container (docs/format.md §1), plus
-// the error helpers and saturating size arithmetic every part of the container uses. Internal.
+// The error helpers and saturating size arithmetic every part of the container uses, and its
+// byte reader and writer (src/detail/byte_io.hpp; docs/format.md §1). Internal.
 #pragma once
 
 #include <fmt/format.h>
@@ -11,11 +11,8 @@
 #include <utility>
 #include <vector>
 
+#include "detail/byte_io.hpp"
 #include "e8kv/error.hpp"
-
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
-#error "e8kv containers are written with memcpy of host integers: a little-endian host is required"
-#endif
 
 namespace e8kv::entropy::io {
 
@@ -47,74 +44,10 @@ T load_at(const uint8_t* p) {
   return v;
 }
 
-/// Appends little-endian fields to a byte vector.
-class ByteWriter {
- public:
-  explicit ByteWriter(std::vector<uint8_t>& buf) : buf_(buf) {}
-  template <class T>
-  void put(T v) {
-    uint8_t b[sizeof(T)];
-    std::memcpy(b, &v, sizeof(T));
-    buf_.insert(buf_.end(), b, b + sizeof(T));
-  }
-  void u8(uint8_t v) { put(v); }
-  void u16(uint16_t v) { put(v); }
-  void u32(uint32_t v) { put(v); }
-  void i32(int32_t v) { put(v); }
-  void u64(uint64_t v) { put(v); }
-  void i64(int64_t v) { put(v); }
-  void f32(float v) { put(v); }
-  void bytes(const void* p, size_t n) {
-    const auto* b = static_cast<const uint8_t*>(p);
-    buf_.insert(buf_.end(), b, b + n);
-  }
-  size_t size() const { return buf_.size(); }
-
- private:
-  std::vector<uint8_t>& buf_;
-};
-
-/// Reads little-endian fields from [data, data + size); every read is checked against what is
-/// left, and a short input fails naming the field (`what` names the part being read).
-class ByteReader {
- public:
-  ByteReader(const uint8_t* data, size_t size, std::string what) : p_(data), n_(size), what_(std::move(what)) {}
-  template <class T>
-  T get(const char* field) {
-    need(sizeof(T), field);
-    T v;
-    std::memcpy(&v, p_ + off_, sizeof(T));
-    off_ += sizeof(T);
-    return v;
-  }
-  uint8_t u8(const char* f) { return get<uint8_t>(f); }
-  uint16_t u16(const char* f) { return get<uint16_t>(f); }
-  uint32_t u32(const char* f) { return get<uint32_t>(f); }
-  int32_t i32(const char* f) { return get<int32_t>(f); }
-  uint64_t u64(const char* f) { return get<uint64_t>(f); }
-  int64_t i64(const char* f) { return get<int64_t>(f); }
-  float f32(const char* f) { return get<float>(f); }
-  /// The next n bytes (checked), then skips them.
-  const uint8_t* take(size_t n, const char* field) {
-    need(n, field);
-    const uint8_t* p = p_ + off_;
-    off_ += n;
-    return p;
-  }
-  size_t offset() const { return off_; }
-  size_t remaining() const { return n_ - off_; }
-  /// Fails unless k more bytes are left.
-  void need(size_t k, const char* field) const {
-    if (k > n_ - off_) truncated(k, field);
-  }
-
- private:
-  [[noreturn]] void truncated(size_t k, const char* field) const;
-
-  const uint8_t* p_;
-  size_t n_;
-  size_t off_ = 0;
-  std::string what_;
-};
+/// The container's readers and writers: src/detail/byte_io.hpp. Construct readers with
+/// kPrefix, so that their failures read "container: ..." like io::fail's.
+using detail::ByteReader;
+using detail::ByteWriter;
+inline constexpr const char* kPrefix = "container: ";
 
 }  // namespace e8kv::entropy::io

@@ -85,7 +85,7 @@ std::vector<ChunkDecoder::Descriptor> ChunkDecoder::parse_head(const ChunkExpect
                                                                 const std::string& where) const {
   const DirEntry& entry = dir_[static_cast<size_t>(e.index)];
   io::check(std::memcmp(p, kChunkMagic, 4) == 0, "{}: bad chunk magic", where);
-  io::ByteReader hr(p + 4, kChunkHeaderBytes - 4, where);
+  io::ByteReader hr(p + 4, kChunkHeaderBytes - 4, where, io::kPrefix);
   const uint32_t n_streams = hr.u32("n_streams");
   const uint32_t dir_index = hr.u32("directory index");
   const uint32_t layer = hr.u32("layer");
@@ -98,7 +98,7 @@ std::vector<ChunkDecoder::Descriptor> ChunkDecoder::parse_head(const ChunkExpect
   io::check(dir_index == e.index && layer == e.layer && first == e.first_token && reserved == 0,
             "{}: header (index {}, layer {}, first token {}, reserved {}) should be ({}, {}, {}, 0)", where, dir_index,
             layer, first, reserved, e.index, e.layer, e.first_token);
-  io::ByteReader r(p + kChunkHeaderBytes, static_cast<size_t>(payload), where);
+  io::ByteReader r(p + kChunkHeaderBytes, static_cast<size_t>(payload), where, io::kPrefix);
   r.need(kStreamDescriptorBytes * e.plans.size(), "stream descriptors");
   std::vector<Descriptor> descs;
   uint64_t total = 0;

@@ -18,7 +18,7 @@ Header parse_header(Source& src, const DeserializeOptions& o, ContainerKind expe
   {
     const uint8_t* p = src.read(0, kPrefixBytes);
     io::check(std::memcmp(p, kMagic.data(), kMagic.size()) == 0, "bad magic: the input is not an e8kv container");
-    io::ByteReader r(p + 8, kPrefixBytes - 8, "header");
+    io::ByteReader r(p + 8, kPrefixBytes - 8, "header", io::kPrefix);
     const uint16_t version = r.u16("format_version");
     io::check(version >= 1 && version <= kFormatVersion,
               "format version {} is not supported (this library reads versions 1..{})", version, kFormatVersion);
@@ -45,7 +45,7 @@ Header parse_header(Source& src, const DeserializeOptions& o, ContainerKind expe
             h.info.total_bytes, size);
   io::check(h.info.total_bytes == size, "the input has {} trailing bytes after the container's {}",
             size - h.info.total_bytes, h.info.total_bytes);
-  io::ByteReader r(hp + 32, hb - 4 - 32, "header");
+  io::ByteReader r(hp + 32, hb - 4 - 32, "header", io::kPrefix);
   h.info.library_version = static_cast<int>(r.u32("library_version"));
   const uint32_t chunk_tokens = r.u32("chunk_tokens");
   io::check(chunk_tokens >= 1 && chunk_tokens <= kMaxChunkTokens, "chunk_tokens {} is outside [1, {}]", chunk_tokens,

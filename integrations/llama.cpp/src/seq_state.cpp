@@ -3,7 +3,7 @@
 
 #include <cstring>
 
-#include "byte_cursor.hpp"
+#include "detail/byte_io.hpp"
 #include "e8kv/error.hpp"
 
 namespace e8kv::llama_cpp {
@@ -32,55 +32,55 @@ SeqState parse_seq_state(const uint8_t* data, size_t size, const SeqStateOptions
   if (data == nullptr && size != 0) throw Error("parse_seq_state: null data with size " + std::to_string(size));
   detail::ByteReader r(data, size, kFormat);
   SeqState st;
-  const uint32_t n_stream = r.scalar<uint32_t>("n_stream");
+  const uint32_t n_stream = r.get<uint32_t>("n_stream");
   // llama.cpp has one stream per sequence at most (n_seq_max <= 256 in this version: LLAMA_MAX_SEQ).
   if (n_stream == 0 || n_stream > 256)
     r.fail("n_stream is " + std::to_string(n_stream) + "; accepted 1 to 256 (not a KV cache's sequence state?)");
   st.streams.resize(n_stream);
   for (uint32_t s = 0; s < n_stream; ++s) {
     SeqStateStream& S = st.streams[s];
-    const uint32_t cells = r.scalar<uint32_t>("cell_count");
+    const uint32_t cells = r.get<uint32_t>("cell_count");
     if (cells == 0) continue;
     const size_t per_cell_min = 4 + 4 + (options.cell_ext ? kCellExtBytes : 0) + 4;
-    if (cells > r.left() / per_cell_min)
+    if (cells > r.remaining() / per_cell_min)
       r.fail("cell_count " + std::to_string(cells) + " does not fit in the bytes left");
     S.positions.resize(cells);
     S.seq_ids.resize(cells);
     if (options.cell_ext) S.cell_ext.resize(cells);
     for (uint32_t c = 0; c < cells; ++c) {
-      S.positions[c] = r.scalar<int32_t>("cell pos");
-      const uint32_t n_seq = r.scalar<uint32_t>("cell n_seq_id");
+      S.positions[c] = r.get<int32_t>("cell pos");
+      const uint32_t n_seq = r.get<uint32_t>("cell n_seq_id");
       if (n_seq != 1)
         r.fail("cell " + std::to_string(c) + " belongs to " + std::to_string(n_seq) +
                " sequences; a sequence's state has exactly one per cell (whole-context states are not read)");
       if (options.cell_ext) r.bytes(S.cell_ext[c], kCellExtBytes, "cell ext");
-      S.seq_ids[c] = r.scalar<int32_t>("cell seq_id");
+      S.seq_ids[c] = r.get<int32_t>("cell seq_id");
       if (S.seq_ids[c] < 0) r.fail("cell " + std::to_string(c) + " has a negative sequence id");
     }
-    const uint32_t v_trans = r.scalar<uint32_t>("v_trans");
+    const uint32_t v_trans = r.get<uint32_t>("v_trans");
     if (v_trans > 1) r.fail("v_trans is " + std::to_string(v_trans) + "; accepted 0 or 1");
     S.v_trans = v_trans == 1;
-    const uint32_t n_layer = r.scalar<uint32_t>("n_layer");
+    const uint32_t n_layer = r.get<uint32_t>("n_layer");
     if (n_layer == 0 || n_layer > 4096) r.fail("n_layer is " + std::to_string(n_layer) + "; accepted 1 to 4096");
     S.layers.resize(n_layer);
     for (uint32_t l = 0; l < n_layer; ++l) {
       SeqStateLayer& L = S.layers[l];
-      L.k_type = r.scalar<int32_t>("k_type");
-      L.k_row_bytes = r.scalar<uint64_t>("k_row_bytes");
+      L.k_type = r.get<int32_t>("k_type");
+      L.k_row_bytes = r.get<uint64_t>("k_row_bytes");
       if (L.k_row_bytes == 0) r.fail("layer " + std::to_string(l) + ": k_row_bytes is 0");
       r.bytes(L.keys, r.product(cells, L.k_row_bytes, "keys"), "keys");
     }
     for (uint32_t l = 0; l < n_layer; ++l) {
       SeqStateLayer& L = S.layers[l];
-      L.v_type = r.scalar<int32_t>("v_type");
+      L.v_type = r.get<int32_t>("v_type");
       uint64_t bytes = 0;
       if (!S.v_trans) {
-        L.v_row_bytes = r.scalar<uint64_t>("v_row_bytes");
+        L.v_row_bytes = r.get<uint64_t>("v_row_bytes");
         if (L.v_row_bytes == 0) r.fail("layer " + std::to_string(l) + ": v_row_bytes is 0");
         bytes = r.product(cells, L.v_row_bytes, "values");
       } else {
-        L.v_element_bytes = r.scalar<uint32_t>("v_element_bytes");
-        L.v_embd = r.scalar<uint32_t>("n_embd_v");
+        L.v_element_bytes = r.get<uint32_t>("v_element_bytes");
+        L.v_embd = r.get<uint32_t>("n_embd_v");
         if (L.v_element_bytes == 0 || L.v_embd == 0)
           r.fail("layer " + std::to_string(l) + ": transposed V with element size " +
                  std::to_string(L.v_element_bytes) + " and " + std::to_string(L.v_embd) + " channels");
@@ -91,8 +91,8 @@ SeqState parse_seq_state(const uint8_t* data, size_t size, const SeqStateOptions
   }
   if (consumed != nullptr) {
     *consumed = r.offset();
-  } else if (r.left() != 0) {
-    r.fail(std::to_string(r.left()) +
+  } else if (r.remaining() != 0) {
+    r.fail(std::to_string(r.remaining()) +
            " bytes follow the KV cache's state: a second memory (the sliding-window cache of an iSWA model, "
            "or a recurrent state) that e8kv does not represent");
   }
@@ -137,46 +137,47 @@ std::vector<uint8_t> write_seq_caches(const std::vector<SeqState>& caches, const
 }
 
 std::vector<uint8_t> write_seq_state(const SeqState& state, const SeqStateOptions& options) {
-  detail::ByteWriter w;
-  w.scalar<uint32_t>(static_cast<uint32_t>(state.streams.size()));
+  std::vector<uint8_t> out;
+  detail::ByteWriter w(out);
+  w.put<uint32_t>(static_cast<uint32_t>(state.streams.size()));
   for (const SeqStateStream& S : state.streams) {
     const size_t cells = S.cells();
-    w.scalar<uint32_t>(static_cast<uint32_t>(cells));
+    w.put<uint32_t>(static_cast<uint32_t>(cells));
     if (cells == 0) continue;
     if (S.seq_ids.size() != cells || (options.cell_ext && S.cell_ext.size() != cells))
       throw Error("write_seq_state: a stream's cell lists differ in length");
     for (size_t c = 0; c < cells; ++c) {
-      w.scalar<int32_t>(S.positions[c]);
-      w.scalar<uint32_t>(1);
+      w.put<int32_t>(S.positions[c]);
+      w.put<uint32_t>(1);
       if (options.cell_ext) {
         if (S.cell_ext[c].size() != kCellExtBytes) throw Error("write_seq_state: a cell ext is not 12 bytes");
         w.bytes(S.cell_ext[c]);
       }
-      w.scalar<int32_t>(S.seq_ids[c]);
+      w.put<int32_t>(S.seq_ids[c]);
     }
-    w.scalar<uint32_t>(S.v_trans ? 1 : 0);
-    w.scalar<uint32_t>(static_cast<uint32_t>(S.layers.size()));
+    w.put<uint32_t>(S.v_trans ? 1 : 0);
+    w.put<uint32_t>(static_cast<uint32_t>(S.layers.size()));
     for (const SeqStateLayer& L : S.layers) {
       if (L.keys.size() != cells * L.k_row_bytes) throw Error("write_seq_state: keys are not cells × k_row_bytes");
-      w.scalar<int32_t>(L.k_type);
-      w.scalar<uint64_t>(L.k_row_bytes);
+      w.put<int32_t>(L.k_type);
+      w.put<uint64_t>(L.k_row_bytes);
       w.bytes(L.keys);
     }
     for (const SeqStateLayer& L : S.layers) {
-      w.scalar<int32_t>(L.v_type);
+      w.put<int32_t>(L.v_type);
       if (!S.v_trans) {
         if (L.values.size() != cells * L.v_row_bytes) throw Error("write_seq_state: values are not cells × v_row_bytes");
-        w.scalar<uint64_t>(L.v_row_bytes);
+        w.put<uint64_t>(L.v_row_bytes);
       } else {
         if (L.values.size() != cells * L.v_element_bytes * L.v_embd)
           throw Error("write_seq_state: transposed values are not n_embd_v × cells × element bytes");
-        w.scalar<uint32_t>(L.v_element_bytes);
-        w.scalar<uint32_t>(L.v_embd);
+        w.put<uint32_t>(L.v_element_bytes);
+        w.put<uint32_t>(L.v_embd);
       }
       w.bytes(L.values);
     }
   }
-  return std::move(w.out);
+  return out;
 }
 
 size_t seq_data_frame_bytes(const uint8_t* data, size_t size) {

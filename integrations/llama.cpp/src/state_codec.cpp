@@ -8,7 +8,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "byte_cursor.hpp"
+#include "detail/byte_io.hpp"
 #include "e8kv/entropy/checksum.hpp"
 #include "e8kv/error.hpp"
 #include "e8kv/numeric/half.hpp"
@@ -152,65 +152,66 @@ LayerRows layer_rows(const SeqStateStream& S, size_t l, const std::vector<uint32
 }
 
 void write_cache_header(detail::ByteWriter& w, const CacheHeader& h) {
-  w.scalar<uint32_t>(h.n_stream);
-  w.scalar<uint32_t>(h.stream);
-  w.scalar<uint32_t>(h.v_trans ? 1 : 0);
-  w.scalar<int32_t>(h.seq_id);
-  w.scalar<uint32_t>(h.cells);
-  w.scalar<uint32_t>(static_cast<uint32_t>(h.k_types.size()));
+  w.put<uint32_t>(h.n_stream);
+  w.put<uint32_t>(h.stream);
+  w.put<uint32_t>(h.v_trans ? 1 : 0);
+  w.put<int32_t>(h.seq_id);
+  w.put<uint32_t>(h.cells);
+  w.put<uint32_t>(static_cast<uint32_t>(h.k_types.size()));
   for (size_t l = 0; l < h.k_types.size(); ++l) {
-    w.scalar<int32_t>(h.k_types[l]);
-    w.scalar<int32_t>(h.v_types[l]);
+    w.put<int32_t>(h.k_types[l]);
+    w.put<int32_t>(h.v_types[l]);
   }
-  w.scalar<uint32_t>(h.order.empty() ? 0 : 1);
-  for (uint32_t o : h.order) w.scalar<uint32_t>(o);
+  w.put<uint32_t>(h.order.empty() ? 0 : 1);
+  for (uint32_t o : h.order) w.put<uint32_t>(o);
 }
 
 std::vector<uint8_t> write_packed(const Header& h, const std::vector<std::vector<uint8_t>>& containers) {
-  detail::ByteWriter w;
+  std::vector<uint8_t> out;
+  detail::ByteWriter w(out);
   w.bytes(reinterpret_cast<const uint8_t*>(kMagic), sizeof(kMagic));
   const bool one = h.caches.size() == 1;
-  w.scalar<uint32_t>(one ? kVersionOneCache : kVersionCaches);
-  if (!one) w.scalar<uint32_t>(static_cast<uint32_t>(h.caches.size()));
+  w.put<uint32_t>(one ? kVersionOneCache : kVersionCaches);
+  if (!one) w.put<uint32_t>(static_cast<uint32_t>(h.caches.size()));
   for (const CacheHeader& c : h.caches) write_cache_header(w, c);
-  w.scalar<uint64_t>(h.prefix.size());
+  w.put<uint64_t>(h.prefix.size());
   w.bytes(h.prefix);
-  for (const auto& c : containers) w.scalar<uint64_t>(c.size());
-  w.scalar<uint32_t>(entropy::crc32c(w.out.data(), w.out.size()));
+  for (const auto& c : containers) w.put<uint64_t>(c.size());
+  w.put<uint32_t>(entropy::crc32c(out.data(), out.size()));
   for (const auto& c : containers) w.bytes(c);
-  return std::move(w.out);
+  return out;
 }
 
 CacheHeader read_cache_header(detail::ByteReader& r) {
   CacheHeader h;
-  h.n_stream = r.scalar<uint32_t>("n_stream");
-  h.stream = r.scalar<uint32_t>("stream");
+  h.n_stream = r.get<uint32_t>("n_stream");
+  h.stream = r.get<uint32_t>("stream");
   if (h.n_stream == 0 || h.n_stream > 256 || h.stream >= h.n_stream)
     r.fail("stream " + std::to_string(h.stream) + " of " + std::to_string(h.n_stream));
-  const uint32_t v_trans = r.scalar<uint32_t>("v_trans");
+  const uint32_t v_trans = r.get<uint32_t>("v_trans");
   if (v_trans > 1) r.fail("v_trans is " + std::to_string(v_trans));
   h.v_trans = v_trans == 1;
-  h.seq_id = r.scalar<int32_t>("seq_id");
-  h.cells = r.scalar<uint32_t>("cells");
-  const uint32_t n_layer = r.scalar<uint32_t>("n_layer");
+  h.seq_id = r.get<int32_t>("seq_id");
+  h.cells = r.get<uint32_t>("cells");
+  const uint32_t n_layer = r.get<uint32_t>("n_layer");
   if (n_layer == 0 || n_layer > 4096) r.fail("n_layer is " + std::to_string(n_layer));
   h.k_types.resize(n_layer);
   h.v_types.resize(n_layer);
   for (uint32_t l = 0; l < n_layer; ++l) {
-    h.k_types[l] = r.scalar<int32_t>("k_type");
-    h.v_types[l] = r.scalar<int32_t>("v_type");
+    h.k_types[l] = r.get<int32_t>("k_type");
+    h.v_types[l] = r.get<int32_t>("v_type");
     if (!readable_type(h.k_types[l]) || !readable_type(h.v_types[l]))
       r.fail("layer " + std::to_string(l) + " types " + ggml_type_name(h.k_types[l]) + " / " +
              ggml_type_name(h.v_types[l]));
   }
-  const uint32_t has_order = r.scalar<uint32_t>("order flag");
+  const uint32_t has_order = r.get<uint32_t>("order flag");
   if (has_order > 1) r.fail("order flag is " + std::to_string(has_order));
   if (has_order) {
-    if (uint64_t{h.cells} * 4 > r.left()) r.fail("truncated: the cell order");
+    if (uint64_t{h.cells} * 4 > r.remaining()) r.fail("truncated: the cell order");
     h.order.resize(h.cells);
     std::vector<uint8_t> seen(h.cells, 0);
     for (uint32_t c = 0; c < h.cells; ++c) {
-      h.order[c] = r.scalar<uint32_t>("order");
+      h.order[c] = r.get<uint32_t>("order");
       if (h.order[c] >= h.cells || seen[h.order[c]]++) r.fail("the cell order is not a permutation");
     }
   }
@@ -229,30 +230,30 @@ Header read_packed(const uint8_t* p, size_t size, std::vector<ContainerSpan>* sp
   std::vector<uint8_t> magic;
   r.bytes(magic, sizeof(kMagic), "magic");
   if (!std::equal(magic.begin(), magic.end(), kMagic)) r.fail("not a compressed llama.cpp state (wrong magic)");
-  const uint32_t version = r.scalar<uint32_t>("version");
+  const uint32_t version = r.get<uint32_t>("version");
   if (version != kVersionOneCache && version != kVersionCaches)
     r.fail("format version " + std::to_string(version) + "; this build reads versions 1 and 2");
   uint32_t n_caches = 1;
   if (version == kVersionCaches) {
-    n_caches = r.scalar<uint32_t>("cache count");
+    n_caches = r.get<uint32_t>("cache count");
     if (n_caches != 2) r.fail("version 2 with " + std::to_string(n_caches) + " KV caches; accepted 2");
   }
   Header h;
   for (uint32_t c = 0; c < n_caches; ++c) h.caches.push_back(read_cache_header(r));
-  const uint64_t prefix = r.scalar<uint64_t>("prefix bytes");
+  const uint64_t prefix = r.get<uint64_t>("prefix bytes");
   r.bytes(h.prefix, prefix, "prefix");
   std::vector<uint64_t> sizes(n_caches);
-  for (auto& s : sizes) s = r.scalar<uint64_t>("container bytes");
+  for (auto& s : sizes) s = r.get<uint64_t>("container bytes");
   const size_t header_end = r.offset();
-  const uint32_t crc = r.scalar<uint32_t>("header CRC-32C");
+  const uint32_t crc = r.get<uint32_t>("header CRC-32C");
   if (crc != entropy::crc32c(p, header_end)) r.fail("header CRC-32C mismatch (corrupt header)");
   uint64_t total = 0;
   for (uint64_t s : sizes) {
-    if (s > r.left()) r.fail("a container of " + std::to_string(s) + " bytes; " + std::to_string(r.left()) + " follow");
+    if (s > r.remaining()) r.fail("a container of " + std::to_string(s) + " bytes; " + std::to_string(r.remaining()) + " follow");
     total += s;
   }
-  if (total != r.left())
-    r.fail("the containers are " + std::to_string(total) + " bytes, " + std::to_string(r.left()) + " follow");
+  if (total != r.remaining())
+    r.fail("the containers are " + std::to_string(total) + " bytes, " + std::to_string(r.remaining()) + " follow");
   spans->clear();
   size_t at = r.offset();
   for (uint64_t s : sizes) {
@@ -527,8 +528,8 @@ CompressedStateInfo read_compressed_state_info(const uint8_t* packed, size_t siz
 
 size_t seq_file_state_offset(const uint8_t* file, size_t size) {
   detail::ByteReader r(file, size, "llama.cpp sequence file");
-  const uint32_t magic = r.scalar<uint32_t>("magic");
-  const uint32_t version = r.scalar<uint32_t>("version");
+  const uint32_t magic = r.get<uint32_t>("magic");
+  const uint32_t version = r.get<uint32_t>("version");
   if (magic != kSeqFileMagic) r.fail("magic is 0x" + [&] {
     char b[16];
     std::snprintf(b, sizeof(b), "%08x", magic);
@@ -537,7 +538,7 @@ size_t seq_file_state_offset(const uint8_t* file, size_t size) {
   if (version != kSeqFileVersion)
     r.fail("version " + std::to_string(version) + "; this build reads llama.cpp's sequence file version " +
            std::to_string(kSeqFileVersion));
-  const uint32_t n_tokens = r.scalar<uint32_t>("token count");
+  const uint32_t n_tokens = r.get<uint32_t>("token count");
   r.skip(r.product(n_tokens, 4, "tokens"), "tokens");
   return r.offset();
 }
