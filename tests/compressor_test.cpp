@@ -873,6 +873,8 @@ TEST(Compressor, Fp16TierPinsTheTopScoredTokensInFp16) {
     }
     const auto bytes = entropy::serialize(cache);
     EXPECT_EQ(entropy::read_info(bytes.data(), bytes.size()).format_version, 4);
+    ThreadPool pool(2);  // the tier does not depend on the executor
+    EXPECT_EQ(entropy::serialize(c.compress(f.seq, &f.queries, &pool)), bytes);
     const CompressedKV back = entropy::deserialize(bytes.data(), bytes.size());
     EXPECT_EQ(entropy::serialize(back), bytes);
     std::vector<float> a(static_cast<size_t>(spec.n_q_heads) * d), b(a.size());
@@ -950,6 +952,66 @@ TEST(Compressor, Fp16TierThenAppend) {
   for (size_t i = 0; i < ch.positions.size(); ++i) ASSERT_EQ(ch.positions[i], static_cast<int32_t>(i));
   const auto bytes = entropy::serialize(cache);
   EXPECT_EQ(entropy::serialize(entropy::deserialize(bytes.data(), bytes.size())), bytes);
+}
+
+// Sliding window: drop_before removes exactly the stored tokens below a position (coded, window,
+// pinned sinks and tier tokens), the others decode to the same floats, the cache round-trips
+// through the container, appends go on, and resident memory stays at bytes(). Per-head sets whose
+// pinned counts would diverge are refused, the cache unchanged.
+TEST(Compressor, DropBeforeRemovesTheTokensBelowAPosition) {
+  auto spec = default_spec(173);
+  spec.tokens = 300;
+  Fixture f(spec);
+  const int H = spec.n_kv_heads, d = spec.head_dim;
+  int refused = 0, dropped = 0;
+  for (const char* spec_string : {"preset=quant-k3v2,residual=8", "preset=quant-k2v2,fp16_tier=0.05", "preset=lossless",
+                                  "preset=high,per_head=1", "preset=high,per_head=1,fp16_tier=0.05"}) {
+    SCOPED_TRACE(spec_string);
+    KVCompressor c(f.shape, Config::parse(spec_string));
+    auto cache = c.compress(f.seq, &f.queries);
+    for (int t = 0; t < 20; ++t)
+      for (int l = 0; l < spec.n_layers; ++l)
+        c.append(cache, l, &f.data.keys[l][static_cast<size_t>(t) * H * d], &f.data.values[l][static_cast<size_t>(t) * H * d],
+                 spec.tokens + t);
+    for (int32_t cut : {0, 2, 100, 151, 310, 319, 400}) {
+      SCOPED_TRACE("drop_before " + std::to_string(cut));
+      CompressedKV copy = cache;
+      const auto before = entropy::serialize(copy);
+      try {
+        c.drop_before(copy, cut);
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("one pinned count per layer"), std::string::npos) << e.what();
+        EXPECT_EQ(entropy::serialize(copy), before);
+        ++refused;
+        continue;
+      }
+      ++dropped;
+      for (int l = 0; l < spec.n_layers; ++l)
+        for (int h = 0; h < H; ++h) {
+          const CompactHead all = cache.decompress_head(l, h), kept = copy.decompress_head(l, h);
+          CompactHead want;
+          for (size_t i = 0; i < all.positions.size(); ++i) {
+            if (all.positions[i] < cut) continue;
+            want.positions.push_back(all.positions[i]);
+            want.keys.insert(want.keys.end(), all.keys.begin() + i * d, all.keys.begin() + (i + 1) * d);
+            want.values.insert(want.values.end(), all.values.begin() + i * d, all.values.begin() + (i + 1) * d);
+          }
+          ASSERT_EQ(kept.positions, want.positions) << "layer " << l << " head " << h;
+          ASSERT_EQ(kept.keys, want.keys);
+          ASSERT_EQ(kept.values, want.values);
+        }
+      EXPECT_EQ(copy.original_tokens(), cache.original_tokens());
+      EXPECT_LE(copy.resident_bytes(), cache.resident_bytes());
+      const auto bytes = entropy::serialize(copy);
+      EXPECT_EQ(entropy::serialize(entropy::deserialize(bytes.data(), bytes.size())), bytes);
+      for (int l = 0; l < spec.n_layers; ++l)
+        c.append(copy, l, &f.data.keys[l][0], &f.data.values[l][0], spec.tokens + 20);
+      EXPECT_EQ(copy.stored_positions(0).back(), spec.tokens + 20);
+    }
+  }
+  EXPECT_GE(dropped, 25);
+  std::printf("drop_before: %d cuts applied, %d refused (per-head sets with different pinned counts)\n", dropped,
+              refused);
 }
 
 TEST(Compressor, BytesEqualHandComputedFormula) {

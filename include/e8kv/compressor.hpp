@@ -52,6 +52,14 @@ class KVCompressor {
   void extend(CompressedKV& cache, const SequenceKV& chunk, const std::vector<LayerQueries>* queries = nullptr,
               Executor* executor = nullptr) const;
 
+  /// Sliding window: removes every stored token whose position is below `position`, from every
+  /// layer (coded tokens, the fp16 window, pinned sinks and fp16-tier tokens alike), as an engine
+  /// with sliding-window attention drops cells that left the window. The remaining tokens keep
+  /// their codes; the means, key channel scales and gain references they were coded with stay.
+  /// original_tokens is unchanged (tokens ever given). Throws when per-KV-head position sets
+  /// would keep different numbers of pinned tokens; a call that throws leaves the cache as it was.
+  void drop_before(CompressedKV& cache, int32_t position) const;
+
   /// Appends one token of one layer: k and v are [n_kv_heads * head_dim] post-RoPE. Validates
   /// everything before changing the cache (a throw leaves it as it was).
   void append(CompressedKV& cache, int layer, const float* k, const float* v, int32_t position) const;

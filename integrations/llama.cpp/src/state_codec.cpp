@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <limits>
 
 #include "detail/byte_io.hpp"
 #include "e8kv/entropy/checksum.hpp"
@@ -399,15 +400,19 @@ std::vector<uint8_t> extend_compressed_state(const uint8_t* packed, size_t packe
     std::vector<int32_t> sorted;
     const std::vector<uint32_t> order = sorted_order(S.positions, &sorted);
     // Cells at or before the stored ones are the conversation so far: kept as they were coded.
-    // Each stored token must still be a cell of the later state: llama.cpp drops cells that left a
-    // sliding window (and llama_memory_seq_rm removes cells), and a restored state may hold no cell
-    // the cache no longer has.
-    const int64_t last = last_stored_position(cache);
-    for (int32_t p : cache.stored_positions(0))
-      if (!std::binary_search(sorted.begin(), sorted.end(), p))
+    // A restored state may hold no cell the later state no longer has. Stored tokens below the
+    // later state's first cell left a sliding window (llama.cpp dropped their cells): dropped from
+    // the cache too. Any other stored token missing from the later state means the sequence was
+    // edited (llama_memory_seq_rm): refused.
+    const int32_t first_cell = sorted.empty() ? std::numeric_limits<int32_t>::max() : sorted.front();
+    const std::vector<int32_t> stored = cache.stored_positions(0);
+    for (int32_t p : stored)
+      if (p >= first_cell && !std::binary_search(sorted.begin(), sorted.end(), p))
         throw Error(name + ": position " + std::to_string(p) +
-                    " is stored but no longer a cell of the later state (llama.cpp dropped it: a sliding window "
-                    "moved past it, or the sequence was edited); compress the later state anew");
+                    " is stored but no longer a cell of the later state (the sequence was edited: cells were "
+                    "removed after its first one); compress the later state anew");
+    if (!stored.empty() && stored.front() < first_cell) caches[c]->drop_before(cache, first_cell);
+    const int64_t last = last_stored_position(cache);
     const int64_t first = std::upper_bound(sorted.begin(), sorted.end(), last) - sorted.begin();
     const int64_t n = static_cast<int64_t>(sorted.size()) - first;
     if (n > 0) {

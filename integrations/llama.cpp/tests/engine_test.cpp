@@ -114,11 +114,12 @@ class EngineOf : public ::testing::Test {
   static ContextPtr context(bool flash_attn, ggml_type kv_type = GGML_TYPE_F16, QueryCapture* capture = nullptr) {
     return context(flash_attn, kv_type, kv_type, capture);
   }
-  static ContextPtr context(bool flash_attn, ggml_type k_type, ggml_type v_type, QueryCapture* capture) {
+  static ContextPtr context(bool flash_attn, ggml_type k_type, ggml_type v_type, QueryCapture* capture,
+                            uint32_t n_ctx = 512, uint32_t n_batch = 512) {
     llama_context_params cp = llama_context_default_params();
-    cp.n_ctx = 512;
-    cp.n_batch = 512;
-    cp.n_ubatch = 512;
+    cp.n_ctx = n_ctx;
+    cp.n_batch = n_batch;
+    cp.n_ubatch = n_batch;
     cp.n_seq_max = 1;
     cp.n_threads = cp.n_threads_batch = 2;
     cp.flash_attn_type = flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
@@ -751,6 +752,62 @@ TEST_F(GemmaEngine, MultiTurnSavesExtendBothCaches) {
   const auto packed1 = compress(r.state, c);
   const auto packed2 = extend_compressed_state(packed1.data(), packed1.size(), second.data(), second.size(), c.caches);
   EXPECT_EQ(restore_seq_state(packed2.data(), packed2.size()), second);
+}
+
+// The sliding window moves past stored cells: n_ctx 1024 and 64-token batches, so the
+// sliding-window cache holds little more than its 512-token window. A save at 300 tokens,
+// extended by a save at 800: the sliding-window cache's cells that left the window are dropped
+// from the stored cache (KVCompressor::drop_before), and the lossless restore holds every cell
+// of the later state with its bytes (listed in position order).
+TEST_F(GemmaEngine, MultiTurnSavesFollowTheSlidingWindow) {
+  ContextPtr ctx = context(true, GGML_TYPE_F16, GGML_TYPE_F16, nullptr, 1024, 64);
+  std::vector<llama_token> toks;
+  for (size_t i = 0; i < 800; ++i) toks.push_back(tokens_[i % tokens_.size()]);
+  auto feed = [&](size_t from, size_t to) {
+    for (size_t p = from; p < to; p += 64) {
+      const std::vector<llama_token> b(toks.begin() + static_cast<long>(p), toks.begin() + static_cast<long>(std::min(to, p + 64)));
+      decode(ctx.get(), b, static_cast<llama_pos>(p), false);
+    }
+  };
+  feed(0, 300);
+  const auto first = state(ctx.get());
+  feed(300, 800);
+  const auto second = state(ctx.get());
+  const auto later = caches_of(second);
+  ASSERT_EQ(later.size(), 2u);
+  const auto& swa_positions = later[1].streams[0].positions;
+  ASSERT_FALSE(swa_positions.empty());
+  const int32_t first_swa = *std::min_element(swa_positions.begin(), swa_positions.end());
+  ASSERT_GT(first_swa, 0) << "the sliding window did not move: nothing to drop";
+  ASSERT_LT(first_swa, 300) << "the window moved past every stored cell";
+  const Compressors c = compressor("preset=lossless");
+  const auto packed1 = compress(first, c);
+  const auto packed2 = extend_compressed_state(packed1.data(), packed1.size(), second.data(), second.size(), c.caches);
+  const auto back_bytes = restore_seq_state(packed2.data(), packed2.size());
+  const auto back = caches_of(back_bytes);
+  for (size_t k = 0; k < 2; ++k) {
+    SCOPED_TRACE("cache " + std::to_string(k));
+    const SeqStateStream &want = later[k].streams[0], &got = back[k].streams[0];
+    ASSERT_EQ(got.cells(), want.cells());
+    std::vector<int32_t> sorted = want.positions;
+    std::sort(sorted.begin(), sorted.end());
+    EXPECT_EQ(got.positions, sorted);
+    for (size_t l = 0; l < want.layers.size(); ++l) {
+      const size_t kr = want.layers[l].k_row_bytes, vr = want.layers[l].v_row_bytes;
+      ASSERT_GT(vr, 0u) << "flash attention: V rows, not transposed";
+      for (size_t i = 0; i < want.cells(); ++i) {
+        const size_t j = static_cast<size_t>(std::lower_bound(got.positions.begin(), got.positions.end(), want.positions[i]) -
+                                             got.positions.begin());
+        ASSERT_TRUE(std::equal(want.layers[l].keys.begin() + i * kr, want.layers[l].keys.begin() + (i + 1) * kr,
+                               got.layers[l].keys.begin() + j * kr))
+            << "layer " << l << " position " << want.positions[i];
+        ASSERT_TRUE(std::equal(want.layers[l].values.begin() + i * vr, want.layers[l].values.begin() + (i + 1) * vr,
+                               got.layers[l].values.begin() + j * vr));
+      }
+    }
+  }
+  std::printf("sliding-window cache: cells %d..%d after the second save; the first held 0..299\n", first_swa,
+              *std::max_element(swa_positions.begin(), swa_positions.end()));
 }
 
 // llama.cpp's KV-cache types on Gemma-3 (in memory, FA on), the E8 types among them: head_dim 256

@@ -373,7 +373,7 @@ TEST(StateCodec, SlidingWindowModelsKeepTwoCachesEachCodedApart) {
     EXPECT_THROW(restore_seq_state(packed.data(), n), Error) << "truncated to " << n;
 }
 
-TEST(StateCodec, ExtendingASlidingWindowCacheThatDroppedCellsIsRefused) {
+TEST(StateCodec, ExtendingASlidingWindowCacheDropsTheCellsThatLeftIt) {
   const KVCompressor full(kShape, config("preset=lossless")), swa(kSwaShape, swa_config("preset=lossless"));
   const std::vector<const KVCompressor*> caches{&full, &swa};
   const auto first = iswa_state(60, 30, 5, false);
@@ -395,11 +395,33 @@ TEST(StateCodec, ExtendingASlidingWindowCacheThatDroppedCellsIsRefused) {
     EXPECT_TRUE(std::equal(keys.begin(), keys.begin() + 30 * row, before[1].streams[0].layers[1].keys.begin()));
     EXPECT_TRUE(std::equal(keys.begin() + 30 * row, keys.end(), later[1].streams[0].layers[1].keys.begin() + 30 * row));
   }
-  // The window moved past stored cells (the later sliding-window cache holds positions 50..89 only).
-  const auto later = iswa_state(90, 40, 5, false);
-  const std::string e = error_of([&] { extend_compressed_state(packed.data(), packed.size(), later.data(), later.size(), caches); });
-  EXPECT_NE(e.find("sliding window"), std::string::npos) << e;
-  EXPECT_NE(e.find("position 30"), std::string::npos) << e;
+  // The window moved past stored cells (the later sliding-window cache holds positions 50..89
+  // only): the cells that left it (30..49) are dropped from the cache too (drop_before), 50..59
+  // keep their first coding, 60..89 are new.
+  {
+    const auto later_bytes = iswa_state(90, 40, 5, false);
+    const auto ext = extend_compressed_state(packed.data(), packed.size(), later_bytes.data(), later_bytes.size(), caches);
+    const auto back_bytes = restore_seq_state(ext.data(), ext.size());
+    const auto back = parse_seq_caches(back_bytes.data(), back_bytes.size(), 2);
+    const auto later = parse_seq_caches(later_bytes.data(), later_bytes.size(), 2);
+    const auto before = parse_seq_caches(first.data(), first.size(), 2);
+    EXPECT_EQ(back[0].streams[0].positions, iota_positions(90));
+    EXPECT_EQ(back[1].streams[0].positions, iota_positions(40, 50));
+    const size_t row = static_cast<size_t>(kSwaShape.n_kv_heads * kSwaShape.head_dim) * 2;
+    const auto& keys = back[1].streams[0].layers[1].keys;
+    ASSERT_EQ(keys.size(), 40 * row);
+    EXPECT_TRUE(std::equal(keys.begin(), keys.begin() + 10 * row, before[1].streams[0].layers[1].keys.begin() + 20 * row));
+    EXPECT_TRUE(std::equal(keys.begin() + 10 * row, keys.end(), later[1].streams[0].layers[1].keys.begin() + 10 * row));
+  }
+  // A stored cell missing after the later state's first one: the sequence was edited, refused.
+  std::vector<int32_t> holed = iota_positions(40, 50);
+  holed.erase(holed.begin() + 5);  // position 55
+  const auto edited = write_seq_caches({make_state(iota_positions(90), 5, kGgmlF16, false),
+                                        make_state(holed, 6, kGgmlF16, false, 1, 0, kSwaShape)});
+  const std::string e =
+      error_of([&] { extend_compressed_state(packed.data(), packed.size(), edited.data(), edited.size(), caches); });
+  EXPECT_NE(e.find("edited"), std::string::npos) << e;
+  EXPECT_NE(e.find("position 55"), std::string::npos) << e;
 }
 
 TEST(StateCodec, PerLayerEvictionCannotBeRestoredIntoSharedCells) {

@@ -18,8 +18,8 @@
 // but "post".
 // What it refuses, naming it: quantized cache types (q8_0, q4_0, ...), memories after the caches
 // named (recurrent states), cells in several streams, repeated positions, rows whose size is not
-// the model's n_kv_heads × head_dim; extending a cache whose later state dropped stored cells (a
-// sliding window moved past them). Cells of M-RoPE and per-layer-embedding models carry an
+// the model's n_kv_heads × head_dim; extending a cache whose later state lacks a stored cell after
+// its own first cell (the sequence was edited). Cells of M-RoPE and per-layer-embedding models carry an
 // extension the bytes do not announce: the tool refuses those architectures by name; through this
 // API their bytes fail the parser's checks.
 //
@@ -74,8 +74,9 @@ std::vector<uint8_t> compress_seq_state(const uint8_t* state, size_t size, const
 /// Multi-turn: the compressed state `packed` extended with the cells of a later state of the same
 /// sequence whose positions follow the stored ones (KVCompressor::extend: stored tokens are never
 /// re-coded). The later state must have the same streams, types and V layout; `compressor` must be
-/// the one (or an equal one) that made `packed`. A cache whose later state no longer holds a
-/// stored cell (a sliding window moved past it, or llama_memory_seq_rm) is refused.
+/// the one (or an equal one) that made `packed`. Stored cells below the later state's first cell
+/// left a sliding window: they are dropped from the stored cache (KVCompressor::drop_before). A
+/// stored cell missing at or after it (llama_memory_seq_rm edited the sequence) is refused.
 std::vector<uint8_t> extend_compressed_state(const uint8_t* packed, size_t packed_size, const uint8_t* state,
                                              size_t size, const std::vector<const KVCompressor*>& caches,
                                              const StateCompressOptions& options = {});
