@@ -336,8 +336,8 @@ e8kv_status e8kv_extend(const e8kv_compressor* compressor, e8kv_cache* cache, co
     require_argument(compressor != nullptr, "compressor is NULL");
     require_argument(cache != nullptr, "cache is NULL");
     const SequenceInput in = convert_input(compressor->compressor.shape(), kv, queries);
-    // Checked here as well as by the compressor, which compares with the window's last position
-    // only (a window holding just pinned sinks would let a chunk go before the coded tokens).
+    // Checked here before the compressor does, over every stored position of every layer, so the
+    // message names the layer.
     if (kv->n_tokens > 0 && cache->kv.valid() && cache->kv.n_layers() == compressor->compressor.shape().n_layers) {
       const int32_t first = in.sequence.position(0);
       for (int l = 0; l < cache->kv.n_layers(); ++l) {
@@ -352,6 +352,15 @@ e8kv_status e8kv_extend(const e8kv_compressor* compressor, e8kv_cache* cache, co
   });
 }
 
+e8kv_status e8kv_drop_before(const e8kv_compressor* compressor, e8kv_cache* cache, int32_t position) noexcept {
+  return guarded("e8kv_drop_before", E8KV_ERROR_INVALID_ARGUMENT, [&] {
+    require_argument(compressor != nullptr, "compressor is NULL");
+    require_argument(cache != nullptr, "cache is NULL");
+    require_argument(cache->kv.valid(), "the cache holds no layout");
+    compressor->compressor.drop_before(cache->kv, position);
+  });
+}
+
 e8kv_status e8kv_append(const e8kv_compressor* compressor, e8kv_cache* cache, int32_t layer, int32_t dtype,
                         const void* key, const void* value, int32_t position) noexcept {
   return guarded("e8kv_append", E8KV_ERROR_INVALID_ARGUMENT, [&] {
@@ -361,8 +370,8 @@ e8kv_status e8kv_append(const e8kv_compressor* compressor, e8kv_cache* cache, in
     const e8kv::DType type = to_dtype(dtype, "dtype");
     require_argument(cache->kv.valid(), "the cache holds no layout");
     require_layer(cache->kv, layer);
-    // The compressor compares with the window's last position only, which misses coded tokens
-    // after pinned sinks: the full check is made here.
+    // Checked here before the compressor does, over every stored position, so the message names
+    // the layer's last one.
     const int64_t last = last_stored_position(cache->kv, layer);
     require_argument(position >= 0 && position > last,
                      "position {} must be >= 0 and follow position {} stored in layer {}", position, last, layer);

@@ -475,6 +475,31 @@ static void test_extend(void) {
   e8kv_compressor_destroy(c);
 }
 
+/* Sliding window: e8kv_drop_before removes the tokens below a position from every layer; the
+ * rest decode as before, appends go on, and a NULL cache is an error. */
+static void test_drop_before(void) {
+  e8kv_compressor* c = make_compressor("preset=quant-k3v2,fp16_tier=0.05,scorer=key-key"); /* no queries here */
+  e8kv_kv_input all = kv_input(E8KV_DTYPE_F32, 0, kTokens);
+  e8kv_cache* cache = NULL;
+  int64_t stored = 0, after = 0, n = 0;
+  int32_t first = 0, layer;
+  CHECK_OK(e8kv_compress(c, &all, NULL, NULL, &cache));
+  if (!cache) return;
+  CHECK_OK(e8kv_cache_stored_tokens(cache, 0, 0, &stored));
+  CHECK(stored == kTokens);
+  CHECK_OK(e8kv_drop_before(c, cache, 30));
+  CHECK_OK(e8kv_cache_stored_tokens(cache, 0, 0, &after));
+  CHECK(after == kTokens - 30);
+  for (layer = 0; layer < kLayers; ++layer) {
+    CHECK_OK(e8kv_cache_layer_extent(cache, layer, &first, &n));
+    CHECK(first == 30 && n == kTokens - 30);
+  }
+  CHECK(e8kv_drop_before(c, NULL, 30) == E8KV_ERROR_INVALID_ARGUMENT);
+  CHECK(e8kv_drop_before(NULL, cache, 30) == E8KV_ERROR_INVALID_ARGUMENT);
+  e8kv_cache_destroy(cache);
+  e8kv_compressor_destroy(c);
+}
+
 /* Two caches holding disjoint halves of a sequence: merging their attentions by lse equals the
  * attention over both; e8kv_attend_batch over several caches and query tokens (with and without
  * a pool) is bit-identical to e8kv_attend token by token. */
@@ -983,6 +1008,7 @@ int main(void) {
   test_serialize_round_trip();
   test_append();
   test_extend();
+  test_drop_before();
   test_lse_merge_and_batch();
   test_thread_pool();
   test_empty_cache_and_describe();

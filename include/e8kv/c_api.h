@@ -29,7 +29,7 @@
  *
  * THREAD SAFETY. A compressor is immutable: any number of threads may use one at once. Calls that
  * only read a cache (attend, attend_batch, decompress, serialize, the e8kv_cache_* queries) may run
- * concurrently on one cache; calls that modify it (e8kv_extend, e8kv_append, e8kv_cache_destroy)
+ * concurrently on one cache; calls that modify it (e8kv_extend, e8kv_append, e8kv_drop_before, e8kv_cache_destroy)
  * must not overlap any other call on that cache. Distinct caches are independent. A thread pool
  * may be passed by several threads at once: the calls that use one pool run one at a time.
  *
@@ -155,6 +155,13 @@ E8KV_C_EXPORT e8kv_status e8kv_compress(const e8kv_compressor* compressor, const
  * Stored tokens are never re-quantized; eviction applies to the chunk only. */
 E8KV_C_EXPORT e8kv_status e8kv_extend(const e8kv_compressor* compressor, e8kv_cache* cache, const e8kv_kv_input* kv,
                                       const e8kv_query_input* queries, e8kv_thread_pool* pool) E8KV_NOEXCEPT;
+/* Sliding window: removes every token the cache stores below `position`, from every layer (coded,
+ * fp16 window, pinned sinks and fp16-tier tokens), as an engine with sliding-window attention
+ * drops cells that left the window; the others keep their codes. E8KV_ERROR_INVALID_ARGUMENT
+ * (the cache unchanged) when per-KV-head position sets would keep different numbers of pinned
+ * tokens. */
+E8KV_C_EXPORT e8kv_status e8kv_drop_before(const e8kv_compressor* compressor, e8kv_cache* cache,
+                                           int32_t position) E8KV_NOEXCEPT;
 /* Appends one token of one layer: key and value are [n_kv_heads, head_dim] of `dtype` (key
  * post-RoPE); position must follow every position stored in the layer. The cache must have been
  * made by this compressor or by one of the same configuration and shape. */
