@@ -756,13 +756,13 @@ TEST_F(GemmaEngine, MultiTurnSavesExtendBothCaches) {
 
 // The sliding window moves past stored cells: n_ctx 1024 and 64-token batches, so the
 // sliding-window cache holds little more than its 512-token window. A save at 300 tokens,
-// extended by a save at 800: the sliding-window cache's cells that left the window are dropped
+// extended by a save at 680: the sliding-window cache's cells that left the window are dropped
 // from the stored cache (KVCompressor::drop_before), and the lossless restore holds every cell
 // of the later state with its bytes (listed in position order).
 TEST_F(GemmaEngine, MultiTurnSavesFollowTheSlidingWindow) {
   ContextPtr ctx = context(true, GGML_TYPE_F16, GGML_TYPE_F16, nullptr, 1024, 64);
   std::vector<llama_token> toks;
-  for (size_t i = 0; i < 800; ++i) toks.push_back(tokens_[i % tokens_.size()]);
+  for (size_t i = 0; i < 680; ++i) toks.push_back(tokens_[i % tokens_.size()]);
   auto feed = [&](size_t from, size_t to) {
     for (size_t p = from; p < to; p += 64) {
       const std::vector<llama_token> b(toks.begin() + static_cast<long>(p), toks.begin() + static_cast<long>(std::min(to, p + 64)));
@@ -771,7 +771,7 @@ TEST_F(GemmaEngine, MultiTurnSavesFollowTheSlidingWindow) {
   };
   feed(0, 300);
   const auto first = state(ctx.get());
-  feed(300, 800);
+  feed(300, 680);
   const auto second = state(ctx.get());
   const auto later = caches_of(second);
   ASSERT_EQ(later.size(), 2u);
