@@ -416,7 +416,17 @@ void KVCompressor::drop_before(CompressedKV& cache, int32_t position) const {
     auto& nd = next[static_cast<size_t>(l)];
     nd.original_tokens = ld.original_tokens;
     nd.query_energy = ld.query_energy;
-    nd.heads = ld.heads;
+    // Per head, what the remaining codes were made with; the code, gain and window vectors below.
+    nd.heads.resize(ld.heads.size());
+    for (size_t h = 0; h < ld.heads.size(); ++h) {
+      const auto& hd = ld.heads[h];
+      auto& nh = nd.heads[h];
+      nh.key_mean = hd.key_mean;
+      nh.value_mean = hd.value_mean;
+      nh.key_channel_scale = hd.key_channel_scale;
+      nh.key_gain_ref = hd.key_gain_ref;
+      nh.value_gain_ref = hd.value_gain_ref;
+    }
     nd.positions.resize(ld.positions.size());
     nd.window_positions.resize(ld.positions.size());
     const size_t kcb = codecs_->code_bytes(l, KvKind::kKey), vcb = codecs_->code_bytes(l, KvKind::kValue);

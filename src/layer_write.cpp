@@ -120,8 +120,9 @@ LayerWrite::LayerWrite(const CompressedKV& cache, int layer, LayerInput input) :
   }
   pinned_after_ = ld.pinned + static_cast<int64_t>(new_pinned);
   const int64_t p = pinned_after_;
-  order_.resize(n_sets);
-  for (size_t s = 0; s < n_sets; ++s) {
+  // Without new pinned tokens the order is the identity (order_ stays empty): the common append.
+  if (new_pinned > 0) order_.resize(n_sets);
+  for (size_t s = 0; s < order_.size(); ++s) {
     const int64_t w_old = static_cast<int64_t>(ld.window_positions[s].size());
     const int64_t n_new = static_cast<int64_t>(input_.positions[s].size());
     const auto& pin = input_.pinned[s];
@@ -153,10 +154,9 @@ LayerWrite::LayerWrite(const CompressedKV& cache, int layer, LayerInput input) :
     const auto& new_pos = input_.positions[s];
     const int64_t w_old = static_cast<int64_t>(old_wpos.size());
     const int64_t w_after = w_old + static_cast<int64_t>(new_pos.size());
-    const auto& order = order_[s];
     // Window-after token i: an old window token (source < w_old) or a new one.
     auto position_at = [&](int64_t i) {
-      const int64_t src = order[static_cast<size_t>(i)];
+      const int64_t src = source(s, i);
       return src < w_old ? old_wpos[static_cast<size_t>(src)] : new_pos[static_cast<size_t>(src - w_old)];
     };
     const int64_t flushable = w_after - p;
@@ -177,11 +177,11 @@ LayerWrite::LayerWrite(const CompressedKV& cache, int layer, LayerInput input) :
       const auto& new_k = input_.keys[static_cast<size_t>(h)];
       const auto& new_v = input_.values[static_cast<size_t>(h)];
       auto key_row = [&](int64_t i) {
-        const int64_t src = order[static_cast<size_t>(i)];
+        const int64_t src = source(s, i);
         return src < w_old ? &hd.window_keys[static_cast<size_t>(src * d)] : &new_k[static_cast<size_t>((src - w_old) * d)];
       };
       auto value_row = [&](int64_t i) {
-        const int64_t src = order[static_cast<size_t>(i)];
+        const int64_t src = source(s, i);
         return src < w_old ? &hd.window_values[static_cast<size_t>(src * d)]
                            : &new_v[static_cast<size_t>((src - w_old) * d)];
       };
@@ -292,13 +292,12 @@ LayerWrite::LayerWrite(const CompressedKV& cache, int layer, LayerInput input) :
     const int64_t w_old = static_cast<int64_t>(old_wpos.size());
     const int64_t w_after = w_old + static_cast<int64_t>(new_pos.size());
     const int64_t move = static_cast<int64_t>(sets_[s].coded_positions.size());
-    const auto& order = order_[s];
     auto keep = [&](int64_t i) { return i < p || i >= p + move; };
     auto& wp = sets_[s].window_positions;
     wp.reserve(static_cast<size_t>(w_after - move));
     for (int64_t i = 0; i < w_after; ++i) {
       if (!keep(i)) continue;
-      const int64_t src = order[static_cast<size_t>(i)];
+      const int64_t src = source(s, i);
       wp.push_back(src < w_old ? old_wpos[static_cast<size_t>(src)] : new_pos[static_cast<size_t>(src - w_old)]);
     }
     for (int h = h_begin; h < h_end; ++h) {
@@ -308,7 +307,7 @@ LayerWrite::LayerWrite(const CompressedKV& cache, int layer, LayerInput input) :
       hp.window_values.reserve(static_cast<size_t>((w_after - move) * d));
       for (int64_t i = 0; i < w_after; ++i) {
         if (!keep(i)) continue;
-        const int64_t src = order[static_cast<size_t>(i)];
+        const int64_t src = source(s, i);
         const uint16_t* k = src < w_old ? &hd.window_keys[static_cast<size_t>(src * d)]
                                         : &input_.keys[static_cast<size_t>(h)][static_cast<size_t>((src - w_old) * d)];
         const uint16_t* v = src < w_old ? &hd.window_values[static_cast<size_t>(src * d)]

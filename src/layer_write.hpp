@@ -56,8 +56,9 @@ class LayerWrite {
   LayerInput input_;
   // Per set, the window after the write in order: the old pinned tokens, the new pinned ones, the
   // old unpinned ones, the new unpinned ones. An entry below the old window's size indexes it,
-  // w_old + j the new token j.
+  // w_old + j the new token j. Empty when no new token is pinned: the order is then the identity.
   std::vector<std::vector<int64_t>> order_;
+  int64_t source(size_t set, int64_t i) const { return order_.empty() ? i : order_[set][static_cast<size_t>(i)]; }
   int64_t pinned_after_ = 0;
   // The window is rebuilt (new vectors of exact size, swapped in) when tokens are coded or more
   // than one arrives; a lone appended token without a flush is pushed in place.

@@ -453,7 +453,9 @@ TEST(PagedKV, DefaultConfigRoundTripsByteForByte) {
       }
       ASSERT_FALSE(caches[3].layer(0).heads[0].key_channel_scale.empty()) << "query-weighted keys expected";
       ASSERT_FALSE(caches[3].layer(0).heads[0].key_gain_codes.empty()) << "8-bit gains expected";
-      if (cfg.fp16_tier > 0) ASSERT_EQ(caches[3].layer(0).pinned, cfg.sinks + 15) << "a 15-token fp16 tier expected";
+      if (cfg.fp16_tier > 0) {
+        ASSERT_EQ(caches[3].layer(0).pinned, cfg.sinks + 15) << "a 15-token fp16 tier expected";
+      }
       std::vector<const CompressedKV*> in;
       for (const auto& c : caches) in.push_back(&c);
       std::vector<CompressedKV> fresh;

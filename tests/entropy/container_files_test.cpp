@@ -91,7 +91,9 @@ TEST(ContainerGolden, FilesOfEveryFormatVersionReadBack) {
         got += std::string(l ? "," : "") + quant::to_string(L.key_codec[static_cast<size_t>(l)]) + "/" +
                quant::to_string(L.value_codec[static_cast<size_t>(l)]);
       EXPECT_EQ(got, codecs);
-      if (version <= 3) EXPECT_EQ(L.key_frame == transform::KeyFrame::kRopeResidual, version == 3);
+      if (version <= 3) {
+        EXPECT_EQ(L.key_frame == transform::KeyFrame::kRopeResidual, version == 3);
+      }
       if (version == 4) {  // the fp16 tier: some pinned token follows a coded one
         bool interleaved = false;
         for (int l = 0; l < L.n_layers; ++l) {
