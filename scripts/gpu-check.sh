@@ -123,14 +123,14 @@ BUILD_LOG="$B/build-full.log"
 reuse=0
 if [ -n "${E8KV_GPU_CHECK_REUSE:-}" ] && [ -x "$B/e8kv-gpu-bench" ]; then
   reuse=1
-  for s in tests/cuda/*_test.cu; do [ -x "$B/gpu_$(basename "$s" .cu)" ] || reuse=0; done
+  for s in tests/cuda/*_test.cu tests/cuda/*_test.cpp; do [ -x "$B/gpu_$(basename "${s%.*}")" ] || reuse=0; done
 fi
 [ $reuse = 0 ] && : > "$BUILD_LOG"
 if [ $reuse = 1 ]; then
   lib_ok=1; bench_ok=1
-  for s in tests/cuda/device_probe_test.cu tests/cuda/paged_encode_test.cu tests/cuda/decode_attention_test.cu \
-           $(ls tests/cuda/*_test.cu | grep -v -e device_probe_test -e paged_encode_test -e decode_attention_test); do
-    n="gpu_$(basename "$s" .cu)"; tests+=("$n"); built_tests+=("$n")
+  for s in tests/cuda/device_probe_test.cu tests/cuda/paged_encode_test.cpp tests/cuda/decode_attention_test.cpp \
+           $(ls tests/cuda/*_test.cu tests/cuda/*_test.cpp | grep -v -e device_probe_test -e paged_encode_test -e decode_attention_test); do
+    n="gpu_$(basename "${s%.*}")"; tests+=("$n"); built_tests+=("$n")
   done
   echo "reused the binaries of the last build (E8KV_GPU_CHECK_REUSE)" >> "$BUILD_LOG"
 else
@@ -156,9 +156,9 @@ else
       gtest_obj=("$B/obj/gtest-all.o"); compile "$B/obj/gtest-all.o" g++ -std=c++17 -O2 "${GTEST_INC[@]}" "$DEPS/googletest/src/gtest-all.cc"
     fi
     # Shortest first, so a cut at the tests' deadline loses the least.
-    for s in tests/cuda/device_probe_test.cu tests/cuda/paged_encode_test.cu tests/cuda/decode_attention_test.cu \
-             $(ls tests/cuda/*_test.cu | grep -v -e device_probe_test -e paged_encode_test -e decode_attention_test); do
-      n="gpu_$(basename "$s" .cu)"; tests+=("$n"); compile "$B/obj/$n.o" nvcc "${NVFLAGS[@]}" "${GTEST_INC[@]}" "$s"
+    for s in tests/cuda/device_probe_test.cu tests/cuda/paged_encode_test.cpp tests/cuda/decode_attention_test.cpp \
+             $(ls tests/cuda/*_test.cu tests/cuda/*_test.cpp | grep -v -e device_probe_test -e paged_encode_test -e decode_attention_test); do
+      n="gpu_$(basename "${s%.*}")"; tests+=("$n"); compile "$B/obj/$n.o" nvcc "${NVFLAGS[@]}" "${GTEST_INC[@]}" "$s"
     done
   fi
   wait

@@ -193,25 +193,13 @@ SequenceInput convert_input(const e8kv::ModelShape& shape, const e8kv_kv_input* 
   return in;
 }
 
-/// The largest position a layer stores (coded or fp16 window, any position set), or -1.
-/// Window positions are not all later than coded ones: pinned sinks stay in the window for good.
-int64_t last_stored_position(const e8kv::CompressedKV& cache, int layer) {
-  const auto& ld = cache.layer(layer);
-  int64_t last = -1;
-  for (const auto& set : ld.positions)
-    if (!set.empty()) last = std::max<int64_t>(last, set.back());
-  for (const auto& set : ld.window_positions)
-    for (int32_t p : set) last = std::max<int64_t>(last, p);
-  return last;
-}
-
 void require_layer(const e8kv::CompressedKV& cache, int32_t layer) {
   require_argument(layer >= 0 && layer < cache.n_layers(), "layer {} is outside [0, {})", layer, cache.n_layers());
 }
 
 void require_query_position(const e8kv::CompressedKV& cache, int32_t layer, int32_t position, const std::string& what) {
   require_argument(position >= 0, "{} {} is negative; accepted: >= 0", what, position);
-  const int64_t last = last_stored_position(cache, layer);
+  const int64_t last = cache.last_position(layer);
   require_argument(position >= last,
                    "{} {} precedes position {} stored in layer {} (a query attends to earlier tokens only)", what,
                    position, last, layer);
@@ -336,16 +324,6 @@ e8kv_status e8kv_extend(const e8kv_compressor* compressor, e8kv_cache* cache, co
     require_argument(compressor != nullptr, "compressor is NULL");
     require_argument(cache != nullptr, "cache is NULL");
     const SequenceInput in = convert_input(compressor->compressor.shape(), kv, queries);
-    // Checked here before the compressor does, over every stored position of every layer, so the
-    // message names the layer.
-    if (kv->n_tokens > 0 && cache->kv.valid() && cache->kv.n_layers() == compressor->compressor.shape().n_layers) {
-      const int32_t first = in.sequence.position(0);
-      for (int l = 0; l < cache->kv.n_layers(); ++l) {
-        const int64_t last = last_stored_position(cache->kv, l);
-        require_argument(first > last, "the chunk's first position {} does not follow position {} stored in layer {}",
-                         first, last, l);
-      }
-    }
     std::unique_lock<std::mutex> lock;
     e8kv::Executor* executor = executor_of(pool, lock);
     compressor->compressor.extend(cache->kv, in.sequence, queries ? &in.queries : nullptr, executor);
@@ -370,11 +348,6 @@ e8kv_status e8kv_append(const e8kv_compressor* compressor, e8kv_cache* cache, in
     const e8kv::DType type = to_dtype(dtype, "dtype");
     require_argument(cache->kv.valid(), "the cache holds no layout");
     require_layer(cache->kv, layer);
-    // Checked here before the compressor does, over every stored position, so the message names
-    // the layer's last one.
-    const int64_t last = last_stored_position(cache->kv, layer);
-    require_argument(position >= 0 && position > last,
-                     "position {} must be >= 0 and follow position {} stored in layer {}", position, last, layer);
     const e8kv::ModelShape& s = compressor->compressor.shape();
     const size_t n = static_cast<size_t>(s.n_kv_heads) * static_cast<size_t>(s.head_dim);
     if (type == e8kv::DType::kF32) {

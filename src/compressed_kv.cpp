@@ -427,6 +427,25 @@ CompactHead CompressedKV::decompress_head(int l, int h) const {
   return sorted;
 }
 
+// The pinned tokens (sinks, fp16 tier) lead the window, ascending, and the unpinned ones follow,
+// ascending: the latest token is the last coded one, the last pinned one or the window's last.
+int64_t CompressedKV::LayerData::last_position(size_t set) const {
+  int64_t last = -1;
+  const auto& w = window_positions[set];
+  if (!positions[set].empty()) last = positions[set].back();
+  if (!w.empty()) last = std::max<int64_t>(last, w.back());
+  const size_t n_pinned = static_cast<size_t>(std::min<int64_t>(pinned, static_cast<int64_t>(w.size())));
+  if (n_pinned > 0) last = std::max<int64_t>(last, w[n_pinned - 1]);
+  return last;
+}
+
+int64_t CompressedKV::last_position(int l) const {
+  const auto& ld = layer(l);
+  int64_t last = -1;
+  for (size_t s = 0; s < ld.positions.size(); ++s) last = std::max(last, ld.last_position(s));
+  return last;
+}
+
 std::vector<int32_t> CompressedKV::stored_positions(int l) const {
   const auto& ld = layer(l);
   std::vector<int32_t> all;

@@ -60,19 +60,6 @@ void check_layer_view(const TensorView& v, const ModelShape& s, int64_t tokens, 
                   s.head_dim);
 }
 
-/// The largest stored position of a position set, −1 when empty. The pinned tokens (sinks, fp16
-/// tier) sit at the front of the window, ascending, and the unpinned ones after them, ascending:
-/// the latest token is the last of the coded tokens, of the pinned ones or of the window.
-int64_t last_position(const CompressedKV::LayerData& ld, size_t set) {
-  int64_t last = -1;
-  const auto& w = ld.window_positions[set];
-  if (!ld.positions[set].empty()) last = ld.positions[set].back();
-  if (!w.empty()) last = std::max<int64_t>(last, w.back());
-  const size_t pinned = static_cast<size_t>(std::min<int64_t>(ld.pinned, static_cast<int64_t>(w.size())));
-  if (pinned > 0) last = std::max<int64_t>(last, w[pinned - 1]);
-  return last;
-}
-
 /// Throws e8kv::Error naming the first non-finite element of a layer's tensor.
 void require_finite_layer(const TensorView& v, const char* what, int layer) {
   float buf[512];
@@ -292,12 +279,11 @@ void KVCompressor::extend(CompressedKV& cache, const SequenceKV& chunk, const st
     require_finite_layer(kv.keys, "keys", l);  // evicted tokens too: bad input is an error, never dropped
     require_finite_layer(kv.values, "values", l);
     const auto& ld = cache.layer(l);
-    if (n > 0)
-      for (size_t s = 0; s < ld.positions.size(); ++s) {
-        const int64_t last = last_position(ld, s);
-        detail::require(last < pos[0], "compress: chunk position {} must follow the cache's last position {}", pos[0],
-                        last);
-      }
+    if (n > 0) {
+      const int64_t last = cache.last_position(l);
+      detail::require(last < pos[0], "extend: the chunk's first position {} does not follow position {} stored in layer {}",
+                      pos[0], last, l);
+    }
     const select::EvictionOptions eo = eviction_options(ld.original_tokens);
     const int64_t sinks_here = eo.sinks;
     // The kept sets (chunk indices), and per set its fp16-tier tokens.
@@ -475,10 +461,9 @@ void KVCompressor::append(CompressedKV& cache, int layer, const float* k, const 
   require(k != nullptr && v != nullptr, "append: null key or value");
   const auto& ld = cache.layer(layer);
   const int64_t H = shape_.n_kv_heads, d = shape_.head_dim;
-  for (size_t s = 0; s < ld.positions.size(); ++s)
-    detail::require(position >= 0 && position > last_position(ld, s),
-                    "append: position {} must be >= 0 and follow the layer's last position {}", position,
-                    last_position(ld, s));
+  const int64_t last = cache.last_position(layer);
+  detail::require(position >= 0 && position > last,
+                  "append: position {} must be >= 0 and follow position {} stored in layer {}", position, last, layer);
   const TensorView kv_k = TensorView::nhd(k, DType::kF32, 1, H, d);
   const TensorView kv_v = TensorView::nhd(v, DType::kF32, 1, H, d);
   detail::LayerInput in;
@@ -499,11 +484,9 @@ void KVCompressor::append(CompressedKV& cache, int layer, const float* k, const 
 
 void KVCompressor::attend(const CompressedKV& cache, int layer, const float* q, int32_t position, float* out) const {
   require(cache.valid() && cache.layout().n_layers == shape_.n_layers, "attend: the cache does not fit this compressor");
-  const auto& ld = cache.layer(layer);
-  for (size_t s = 0; s < ld.positions.size(); ++s)
-    if (last_position(ld, s) > position)
-      detail::fail("attend: query position {} precedes stored position {} of layer {}", position, last_position(ld, s),
-                   layer);
+  const int64_t last = cache.last_position(layer);
+  if (last > position)
+    detail::fail("attend: query position {} precedes position {} stored in layer {}", position, last, layer);
   e8kv::attend(cache, layer, q, out);
 }
 

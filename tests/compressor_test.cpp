@@ -943,6 +943,7 @@ TEST(Compressor, Fp16TierThenAppend) {
   ASSERT_EQ(w[static_cast<size_t>(cache.layer(0).pinned) - 1], n - 1) << "the last token is in the tier";
   ASSERT_GT(w.size(), static_cast<size_t>(cache.layer(0).pinned)) << "unpinned tokens wait behind it";
   EXPECT_LT(w.back(), n - 1);
+  EXPECT_EQ(cache.last_position(0), n - 1) << "the pinned token, not the window's last";
   const auto before = entropy::serialize(cache);
   EXPECT_THROW(c.append(cache, 0, &f.data.keys[0][0], &f.data.values[0][0], static_cast<int32_t>(n - 1)), Error);
   EXPECT_EQ(entropy::serialize(cache), before);
@@ -951,6 +952,7 @@ TEST(Compressor, Fp16TierThenAppend) {
              static_cast<int32_t>(n + t));
   EXPECT_EQ(cache.layer(0).pinned, 7);
   EXPECT_EQ(cache.stored_tokens(0), n + 40);
+  EXPECT_EQ(cache.last_position(0), n + 39);
   const auto ch = cache.decompress_head(0, 0);
   for (size_t i = 0; i < ch.positions.size(); ++i) ASSERT_EQ(ch.positions[i], static_cast<int32_t>(i));
   const auto bytes = entropy::serialize(cache);

@@ -54,16 +54,22 @@ class DeviceBuffer {
   }
   void upload(const std::vector<T>& host) {
     allocate(host.size());
-    if (!host.empty() && ptr_) EXPECT_EQ(cudaMemcpy(ptr_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+    if (!host.empty() && ptr_) {
+      EXPECT_EQ(cudaMemcpy(ptr_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+    }
   }
   std::vector<T> download() const {
     std::vector<T> host(n_);
-    if (n_ > 0) EXPECT_EQ(cudaMemcpy(host.data(), ptr_, n_ * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    if (n_ > 0) {
+      EXPECT_EQ(cudaMemcpy(host.data(), ptr_, n_ * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    }
     return host;
   }
   /// Fills every byte with `byte` (0xFF: NaN for floats and fp16/bf16).
   void fill_bytes(int byte) {
-    if (n_ > 0) EXPECT_EQ(cudaMemset(ptr_, byte, n_ * sizeof(T)), cudaSuccess);
+    if (n_ > 0) {
+      EXPECT_EQ(cudaMemset(ptr_, byte, n_ * sizeof(T)), cudaSuccess);
+    }
   }
   T* get() const { return ptr_; }
   size_t size() const { return n_; }

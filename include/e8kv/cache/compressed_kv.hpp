@@ -104,6 +104,9 @@ class CompressedKV {
     /// freed. While held it is part of the cache: serialized (format v2+, so a read-back cache
     /// goes on like the original) and counted by bytes() (4·head_dim bytes per head).
     std::vector<std::vector<float>> query_energy;
+
+    /// The largest position position set `set` stores (coded, pinned or window), -1 when empty.
+    int64_t last_position(size_t set) const;
   };
   struct ByteBreakdown {
     size_t codes = 0, gains = 0, positions = 0, window = 0, means = 0, descriptor = 0;
@@ -147,6 +150,9 @@ class CompressedKV {
   /// The positions some head of `layer` stores (coded or in the window), ascending, each once: the
   /// rows of decompress_layer.
   std::vector<int32_t> stored_positions(int layer) const;
+  /// The largest position some head of `layer` stores, -1 when it stores none: a new token of the
+  /// layer must come after it, a query must not come before it.
+  int64_t last_position(int layer) const;
   CompactHead decompress_head(int layer, int head) const;
   DenseLayer decompress_layer(int layer) const;
 

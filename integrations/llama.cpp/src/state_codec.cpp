@@ -322,13 +322,10 @@ const std::vector<LayerQueries>* queries_of(const StateCompressOptions& options,
   return options.queries.empty() ? nullptr : options.queries[cache];
 }
 
-// One cache's stored positions (the union over its layers' last stored token).
+// The latest position any layer of one cache stores, -1 when none.
 int64_t last_stored_position(const CompressedKV& cache) {
   int64_t last = -1;
-  for (int l = 0; l < cache.n_layers(); ++l) {
-    const auto p = cache.stored_positions(l);
-    if (!p.empty()) last = std::max<int64_t>(last, p.back());
-  }
+  for (int l = 0; l < cache.n_layers(); ++l) last = std::max(last, cache.last_position(l));
   return last;
 }
 
