@@ -40,6 +40,9 @@ using namespace e8kv;
 
 struct Options {
   std::string model, text;
+  // --text-tail N: only the last N bytes of each text. Held-out text: the chunks read each corpus
+  // from its start (8 chunks of a 1,024 + 128 setting: each corpus's first ~20 KB), its tail never.
+  size_t text_tail = 0;
   int ctx = 2048, cont = 128, chunks = 2, threads = 0;
   bool quick = false, niah = true, ablations = false, verbose = false;
   std::vector<int> niah_sizes = {1024, 2048, 4096};
@@ -562,13 +565,14 @@ int report_check(const QualityCheck& c, const std::vector<Result>& rs) {
 
 int usage() {
   std::fprintf(stderr,
-               "usage: e8kv-eval [--model F.gguf] [--text FILE] [--ctx 512|2048|4096] [--cont T] [--chunks N]\n"
+               "usage: e8kv-eval [--model F.gguf] [--text FILE] [--text-tail BYTES] [--ctx 512|2048|4096] [--cont T] [--chunks N]\n"
                "                 [--quick] [--no-niah] [--niah-sizes 1024,2048] [--ablations] [--only NAME,...] [--verbose]\n"
                "                 [--config NAME=SPEC ...]   (adds an e8kv configuration, Config::parse syntax)\n"
                "                 [--csv FILE] [--md FILE] [--dump-kv DIR] [--threads N] [--portable]\n"
                "       e8kv-eval --check FILE [--model F.gguf] [--threads N] [--portable]\n"
                "                 (quality regression check: setting and KL bounds from FILE; exit 1 above a bound)\n"
-               "defaults: the fetched SmolLM2-135M-Instruct and the two fetched corpora (scripts/fetch-data.sh)\n");
+               "defaults: the fetched SmolLM2-135M-Instruct and the two fetched corpora (scripts/fetch-data.sh)\n"
+               "--text-tail BYTES: only the last BYTES of each text (held-out text: chunks read a corpus from its start)\n");
   return 2;
 }
 
@@ -586,6 +590,11 @@ int main(int argc, char** argv) {
       };
       if (a == "--model") o.model = next();
       else if (a == "--text") o.text = next();
+      else if (a == "--text-tail") {
+        const long long n = std::stoll(next());
+        require(n > 0, "--text-tail takes a positive byte count");
+        o.text_tail = static_cast<size_t>(n);
+      }
       else if (a == "--ctx") { o.ctx = std::stoi(next()); ctx_set = true; }
       else if (a == "--cont") { o.cont = std::stoi(next()); cont_set = true; }
       else if (a == "--chunks") { o.chunks = std::stoi(next()); chunks_set = true; }
@@ -621,9 +630,9 @@ int main(int argc, char** argv) {
     QualityCheck check;
     if (!o.check.empty()) {
       require(!ctx_set && !cont_set && !chunks_set && !o.quick && !o.ablations && o.only.empty() && o.extra.empty() &&
-                  o.text.empty(),
+                  o.text.empty() && o.text_tail == 0,
               "--check takes the setting, the corpora and the configurations from its file; drop --ctx/--cont/"
-              "--chunks/--quick/--ablations/--only/--config/--text");
+              "--chunks/--quick/--ablations/--only/--config/--text/--text-tail");
       check = read_quality_check(o.check);
       o.ctx = check.ctx;
       o.cont = check.cont;
@@ -659,7 +668,15 @@ int main(int argc, char** argv) {
       texts = {base + "tech.txt", base + "fiction.txt"};
     }
     std::vector<std::vector<int32_t>> corpora;
-    for (const auto& t : texts) corpora.push_back(model.tokenizer().encode(read_file(t)));
+    for (const auto& t : texts) {
+      std::string body = read_file(t);
+      if (o.text_tail > 0) {
+        require(o.text_tail <= body.size(), "--text-tail " + std::to_string(o.text_tail) + " exceeds " + t + " (" +
+                                                std::to_string(body.size()) + " bytes)");
+        body.erase(0, body.size() - o.text_tail);
+      }
+      corpora.push_back(model.tokenizer().encode(body));
+    }
     auto cfgs = config_list(o.ablations);
     if (!o.check.empty()) {
       cfgs.resize(1);  // the fp16 reference
