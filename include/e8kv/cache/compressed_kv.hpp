@@ -105,7 +105,7 @@ class CompressedKV {
     /// goes on like the original) and counted by bytes() (4·head_dim bytes per head).
     std::vector<std::vector<float>> query_energy;
 
-    /// The largest position position set `set` stores (coded, pinned or window), -1 when empty.
+    /// The largest position stored in position set `set` (coded, pinned or window), -1 when empty.
     int64_t last_position(size_t set) const;
   };
   struct ByteBreakdown {
