@@ -33,6 +33,7 @@
 #include "e8kv/compressor.hpp"
 #include "e8kv/error.hpp"
 #include "e8kv/llama/model.hpp"
+#include "e8kv/select/scorer.hpp"
 #include "npy.hpp"
 
 namespace {
@@ -160,6 +161,46 @@ std::string read_file(const std::string& path) {
   return ss.str();
 }
 
+// --verbose: how much of the eviction scorer's own evidence 20 % / 40 % eviction throws away. The
+// default scorer's scores (observation-window queries, pooled, mean over KV heads) of each layer;
+// the lowest-scored tokens that eviction may take (not the sinks, not the recent window) removed;
+// their share of the layer's score sum, mean over layers and for layer 0.
+void print_evicted_score_share(const llama::PrefillCapture& cap, const llama::ModelConfig& mc, int chunk) {
+  const Config dflt;
+  const int64_t n = cap.n_tokens, H = mc.n_kv_heads, d = mc.head_dim;
+  std::vector<int32_t> pos(static_cast<size_t>(n));
+  std::iota(pos.begin(), pos.end(), 0);
+  const double rates[2] = {0.2, 0.4};
+  double mean[2] = {0, 0}, first[2] = {0, 0};
+  for (int l = 0; l < mc.n_layers; ++l) {
+    const auto& q = cap.q_obs[static_cast<size_t>(l)];
+    const int64_t W = static_cast<int64_t>(q.size()) / (static_cast<int64_t>(mc.n_heads) * d);
+    std::vector<int32_t> qpos(static_cast<size_t>(W));
+    for (int64_t w = 0; w < W; ++w) qpos[static_cast<size_t>(w)] = static_cast<int32_t>(n - W + w);
+    const LayerQueries lq{TensorView::nhd(q.data(), DType::kF32, W, mc.n_heads, d), qpos.data()};
+    select::ScorerOptions so;
+    so.window = dflt.obs_window;
+    so.pool_kernel = dflt.pool_kernel;
+    so.gqa = dflt.gqa_aggregation;
+    const auto scores = select::score_layer(TensorView::nhd(cap.k[static_cast<size_t>(l)].data(), DType::kF32, n, H, d),
+                                            pos.data(), &lq, so);
+    const std::vector<float> agg = select::aggregate_heads(scores, dflt.head_aggregation);
+    const double total = std::accumulate(agg.begin(), agg.end(), 0.0);
+    const int64_t lo = std::min<int64_t>(dflt.sinks, n), hi = std::max<int64_t>(lo, n - dflt.recent_window);
+    std::vector<float> candidates(agg.begin() + lo, agg.begin() + hi);
+    std::sort(candidates.begin(), candidates.end());
+    for (int r = 0; r < 2; ++r) {
+      const int64_t m = std::min<int64_t>(static_cast<int64_t>(std::llround(rates[r] * static_cast<double>(n))),
+                                          static_cast<int64_t>(candidates.size()));
+      const double share = total > 0 ? std::accumulate(candidates.begin(), candidates.begin() + m, 0.0) / total : 0.0;
+      mean[r] += share / mc.n_layers;
+      if (l == 0) first[r] = share;
+    }
+  }
+  std::printf("chunk %d: score share evicted at 20 %% / 40 %%: mean over layers %.4f / %.4f, layer 0 %.4f / %.4f\n",
+              chunk + 1, mean[0], mean[1], first[0], first[1]);
+}
+
 // ---- main pieces ---------------------------------------------------------------------------------
 void run_chunks(const Options& o, const llama::Model& model, const std::vector<std::vector<int32_t>>& corpora,
                 const std::vector<ConfigSpec>& cfgs, const std::vector<std::unique_ptr<KVCompressor>>& comps,
@@ -213,7 +254,8 @@ void run_chunks(const Options& o, const llama::Model& model, const std::vector<s
     }
     std::vector<llama::KvBackend*> ptrs;
     for (auto& b : backends) ptrs.push_back(b.get());
-    std::vector<double> nll(cfgs.size(), 0.0);
+    if (o.verbose) print_evicted_score_share(cap, mc, chunk);
+    std::vector<double> nll(cfgs.size(), 0.0), chunk_kl(cfgs.size(), 0.0);
     for (int t = 0; t < T; ++t) {
       prog.show("chunk " + std::to_string(chunk + 1) + " decode", double(t) / T);
       const int64_t pos = C - 1 + t;
@@ -230,10 +272,14 @@ void run_chunks(const Options& o, const llama::Model& model, const std::vector<s
         double kl = 0;
         for (int j = 0; j < V; ++j) kl += std::exp(lp_ref[static_cast<size_t>(j)]) * (lp_ref[static_cast<size_t>(j)] - lp[static_cast<size_t>(j)]);
         acc[i].kl_sum += std::max(0.0, kl);
+        chunk_kl[i] += std::max(0.0, kl);
         acc[i].top1 += argmax(li, V) == ref_top;
         acc[i].tokens += 1;
       }
     }
+    if (o.verbose)
+      for (size_t i = 1; i < cfgs.size(); ++i)
+        std::printf("chunk %d: %-28s KL %.5f\n", chunk + 1, cfgs[i].name.c_str(), chunk_kl[i] / T);
     for (size_t i = 0; i < cfgs.size(); ++i) {
       acc[i].chunk_nll_sum.push_back(nll[i]);
       acc[i].chunk_tokens.push_back(T);
