@@ -33,6 +33,7 @@
 #include "e8kv/compressor.hpp"
 #include "e8kv/error.hpp"
 #include "e8kv/llama/model.hpp"
+#include "e8kv/select/eviction.hpp"
 #include "e8kv/select/scorer.hpp"
 #include "npy.hpp"
 
@@ -186,13 +187,14 @@ void print_evicted_score_share(const llama::PrefillCapture& cap, const llama::Mo
                                             pos.data(), &lq, so);
     const std::vector<float> agg = select::aggregate_heads(scores, dflt.head_aggregation);
     const double total = std::accumulate(agg.begin(), agg.end(), 0.0);
-    const int64_t lo = std::min<int64_t>(dflt.sinks, n), hi = std::max<int64_t>(lo, n - dflt.recent_window);
-    std::vector<float> candidates(agg.begin() + lo, agg.begin() + hi);
-    std::sort(candidates.begin(), candidates.end());
     for (int r = 0; r < 2; ++r) {
-      const int64_t m = std::min<int64_t>(static_cast<int64_t>(std::llround(rates[r] * static_cast<double>(n))),
-                                          static_cast<int64_t>(candidates.size()));
-      const double share = total > 0 ? std::accumulate(candidates.begin(), candidates.begin() + m, 0.0) / total : 0.0;
+      select::EvictionOptions eo;  // what compress keeps at this rate (one set per layer)
+      eo.rate = rates[r];
+      eo.sinks = dflt.sinks;
+      eo.recent = dflt.recent_window;
+      double kept = 0;
+      for (int64_t t : select::select_tokens(agg, eo)) kept += agg[static_cast<size_t>(t)];
+      const double share = total > 0 ? (total - kept) / total : 0.0;
       mean[r] += share / mc.n_layers;
       if (l == 0) first[r] = share;
     }
