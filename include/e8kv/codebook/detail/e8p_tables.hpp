@@ -43,53 +43,55 @@ struct Tables {
 /// Bit position of coordinate i's 2-bit code in a pattern key (coordinate 0 highest).
 E8KV_HD constexpr int code_shift(int i) { return 14 - 2 * i; }
 
-constexpr bool is_chosen_norm_twelve(const int twice_abs[8]) {
-  for (const char* p : kNormTwelvePatterns) {
-    bool same = true;
-    for (int i = 0; i < 8; ++i) same = same && (p[i] - '0') == twice_abs[i];
-    if (same) return true;
-  }
-  return false;
+/// The pattern key of kNormTwelvePatterns[n] (code (2|a_i| − 1)/2 per coordinate).
+constexpr uint32_t norm_twelve_key(int n) {
+  uint32_t key = 0;
+  for (int i = 0; i < 8; ++i) key |= static_cast<uint32_t>((kNormTwelvePatterns[n][i] - '1') / 2) << code_shift(i);
+  return key;
 }
 
+// The tables are built at compile time in every translation unit that includes this header (and
+// by nvcc's front ends once more per CUDA unit), so their construction is kept cheap for the
+// constant evaluator: one pass over the 3^8 code vectors in lexicographic order, counted up like
+// a base-3 number with key, norm and code sum updated per changed digit, and the 29 chosen
+// norm-12 keys compared as integers. (Decoding every vector's digits and comparing strings cost
+// gcc 12 about 2 s per unit.)
 /// Calls visit(key, parity of Σa, 4·‖a‖²) for every pattern of the codebook in id order:
 /// base-3 counting with coordinate 0 most significant is lexicographic order.
 template <class Visit>
 constexpr void for_each_pattern(Visit&& visit) {
+  uint32_t norm_twelve_keys[29] = {};
+  for (int n = 0; n < 29; ++n) norm_twelve_keys[n] = norm_twelve_key(n);
+  int code[8] = {};  // all codes 0: |a_i| = ½
+  int norm4 = 8, sum_codes = 0;  // 4·‖a‖² = Σ (2·code_i + 1)², Σ code_i
+  uint32_t key = 0;
   for (int k = 0; k < 6561; ++k) {
-    int twice_abs[8] = {};
-    int rest = k, norm4 = 0, sum_codes = 0;
-    uint32_t key = 0;
-    for (int i = 7; i >= 0; --i) {
-      const int code = rest % 3;
-      rest /= 3;
-      twice_abs[i] = 2 * code + 1;
-      norm4 += twice_abs[i] * twice_abs[i];  // 4·‖a‖²
-      sum_codes += code;
-      key |= static_cast<uint32_t>(code) << code_shift(i);
-    }
+    bool chosen = norm4 <= 40;
+    if (norm4 == 48)
+      for (uint32_t twelve : norm_twelve_keys) chosen = chosen || twelve == key;
     // Σa = Σ code_i + 4, so its parity is that of the code sum.
-    if (norm4 <= 40 || (norm4 == 48 && is_chosen_norm_twelve(twice_abs)))
-      visit(key, static_cast<uint32_t>(sum_codes & 1), static_cast<uint32_t>(norm4));
+    if (chosen) visit(key, static_cast<uint32_t>(sum_codes & 1), static_cast<uint32_t>(norm4));
+    for (int i = 7; i >= 0; --i) {  // the next vector: coordinate 7 is the lowest digit
+      if (code[i] < 2) {
+        norm4 += 8 * code[i] + 8;  // (2c + 3)² − (2c + 1)²
+        ++code[i];
+        ++sum_codes;
+        key += 1u << code_shift(i);
+        break;
+      }
+      code[i] = 0;  // 2 → 0 and carry
+      norm4 -= 24;
+      sum_codes -= 2;
+      key -= 2u << code_shift(i);
+    }
   }
 }
-
-struct PatternCounter {
-  int* count;
-  constexpr void operator()(uint32_t, uint32_t, uint32_t) const { ++*count; }
-};
-constexpr int count_patterns() {
-  int count = 0;
-  for_each_pattern(PatternCounter{&count});
-  return count;
-}
-static_assert(count_patterns() == kPatternCount, "E8P needs exactly 256 absolute patterns");
 
 struct TableFiller {
   Tables* t;
   int* next_id;
   constexpr void operator()(uint32_t key, uint32_t parity, uint32_t norm4) const {
-    const int id = (*next_id)++;
+    const int id = (*next_id)++;  // more than kPatternCount patterns: out of bounds, no constant
     t->pattern[id] = key | parity << 16 | norm4 << 24;
     const uint32_t word = key >> 5;
     if (t->member_bits[word] == 0) t->rank_base[word] = static_cast<uint8_t>(id);
@@ -104,6 +106,9 @@ constexpr Tables build_tables() {
 }
 
 inline constexpr Tables kHostTables = build_tables();
+// Exactly kPatternCount patterns: more would write out of bounds (not a constant expression);
+// fewer would leave the last entry's 4·‖a‖² (>= 8 for every pattern) zero.
+static_assert(kHostTables.pattern[kPatternCount - 1] >> 24 != 0, "E8P needs exactly 256 absolute patterns");
 
 #if defined(__CUDACC__)
 static __constant__ Tables kDeviceTables = build_tables();
