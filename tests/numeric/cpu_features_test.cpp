@@ -36,7 +36,8 @@ TEST(CpuFeatures, WholePipelineIsBitIdenticalAcrossIsas) {
   spec.n_kv_heads = 3;
   spec.n_q_heads = 9;
   // Under the sanitizers: 160 tokens (still past the 64 mean tokens, the 32-token window and
-  // several flush blocks) and head_dim 64 and 80 (the power-of-two and the odd Hadamard paths).
+  // several flush blocks), head_dim 64 and 80 (the power-of-two and the odd Hadamard paths), and
+  // per head_dim half of the (preset, key frame) pairs, the other half at the other head_dim.
   spec.tokens = e8kv::test::kUnderSanitizer ? 160 : 300;
   spec.seed = 41;
   std::printf("seed %llu\n", static_cast<unsigned long long>(spec.seed));
@@ -56,8 +57,10 @@ TEST(CpuFeatures, WholePipelineIsBitIdenticalAcrossIsas) {
       lq.positions = data.query_positions.data();
       queries.push_back(lq);
     }
+    int pair_index = 0;
     for (const char* preset : {"quant-k3v2", "quant-k4v2", "quant-k3v3", "high"}) {
       for (KeyFrame frame : {KeyFrame::kPreRope, KeyFrame::kPostRope, KeyFrame::kRopeResidual}) {
+        if (e8kv::test::kUnderSanitizer && (pair_index++ + d) % 2 != 0) continue;
         Config cfg = Config::preset(preset);
         cfg.key_frame = frame;
         KVCompressor c(shape, cfg);
