@@ -77,25 +77,66 @@ void require_finite_layer(const TensorView& v, const char* what, int layer) {
     }
 }
 
-/// Adds a layer's per-token scores, as weights that sum to 1 over the chunk, into acc (shared
-/// selection), so that no layer dominates by the scale of its scores. Attention scores are
-/// attention mass (>= 0): divided by their sum they are the layer's share of it, and a flat layer
-/// stays near-uniform (no preference) where shifting it to a minimum of 0 would blow its noise up
-/// to full weight. Scores below 0 (key-norm's −‖k‖: dividing by a negative sum would invert the
-/// order) shift the layer to a minimum of 0 first. Scores all equal (sum 0 after the shift) weigh
-/// every token alike: the layer has no preference.
-void add_normalized_scores(const std::vector<float>& scores, int layer, std::vector<double>& acc) {
+/// A layer's per-token scores as weights that sum to 1 over the chunk (shared selection,
+/// eviction spread over layers), so that no layer dominates by the scale of its scores. Attention
+/// scores are attention mass (>= 0): divided by their sum they are the layer's share of it, and a
+/// flat layer stays near-uniform (no preference) where shifting it to a minimum of 0 would blow
+/// its noise up to full weight. Scores below 0 (key-norm's −‖k‖: dividing by a negative sum would
+/// invert the order) shift the layer to a minimum of 0 first. Scores all equal (sum 0 after the
+/// shift) weigh every token alike: the layer has no preference.
+std::vector<double> normalized_scores(const std::vector<float>& scores, int layer, const char* mode) {
   double lo = 0.0;
   for (size_t t = 0; t < scores.size(); ++t) {
     if (!std::isfinite(scores[t]))
-      detail::fail("compress: shared selection: non-finite score of token {} in layer {}", t, layer);
+      detail::fail("compress: {}: non-finite score of token {} in layer {}", mode, t, layer);
     lo = std::min(lo, static_cast<double>(scores[t]));
   }
   double sum = 0.0;
   for (float x : scores) sum += static_cast<double>(x) - lo;
   const double n = static_cast<double>(scores.size());
-  for (size_t t = 0; t < scores.size(); ++t)
-    acc[t] += sum > 0.0 ? (static_cast<double>(scores[t]) - lo) / sum : 1.0 / n;
+  std::vector<double> out(scores.size());
+  for (size_t t = 0; t < scores.size(); ++t) out[t] = sum > 0.0 ? (static_cast<double>(scores[t]) - lo) / sum : 1.0 / n;
+  return out;
+}
+
+/// Eviction spread over layers (Config::layer_adaptive_eviction): how many of the chunk's tokens
+/// each layer evicts. The total is what `eo` evicts from one layer, times the layers; the evicted
+/// are the candidates (neither sinks nor recent) with the lowest normalized scores over all
+/// layers, ties to the lower layer, then the later token (select_tokens keeps the earlier of equal
+/// scores, so each layer then evicts exactly these). Evicting them removes the least attention
+/// share summed over layers that any choice of that many tokens could.
+std::vector<int64_t> spread_evictions(const std::vector<std::vector<float>>& token_scores,
+                                      const select::EvictionOptions& eo) {
+  const size_t L = token_scores.size();
+  std::vector<int64_t> count(L, 0);
+  if (L == 0) return count;
+  const int64_t n = static_cast<int64_t>(token_scores[0].size());
+  const int64_t per_layer = n - select::kept_count(n, eo);
+  if (per_layer <= 0) return count;
+  struct Candidate {
+    double share;
+    int layer;
+    int64_t token;
+  };
+  std::vector<Candidate> candidates;
+  const int64_t first = std::min<int64_t>(eo.sinks, n), end = std::max<int64_t>(first, n - eo.recent);
+  candidates.reserve(L * static_cast<size_t>(end - first));
+  for (size_t l = 0; l < L; ++l) {
+    const std::vector<double> share = normalized_scores(token_scores[l], static_cast<int>(l), "evict_layers");
+    for (int64_t t = first; t < end; ++t)
+      candidates.push_back({share[static_cast<size_t>(t)], static_cast<int>(l), t});
+  }
+  // kept_count keeps at least sinks + recent, so every layer has per_layer candidates or more.
+  const size_t total = static_cast<size_t>(per_layer) * L;
+  auto lower = [](const Candidate& a, const Candidate& b) {
+    if (a.share != b.share) return a.share < b.share;
+    if (a.layer != b.layer) return a.layer < b.layer;
+    return a.token > b.token;
+  };
+  std::nth_element(candidates.begin(), candidates.begin() + static_cast<std::ptrdiff_t>(total) - 1, candidates.end(),
+                   lower);
+  for (size_t i = 0; i < total; ++i) ++count[static_cast<size_t>(candidates[i].layer)];
+  return count;
 }
 
 }  // namespace
@@ -231,41 +272,54 @@ void KVCompressor::extend(CompressedKV& cache, const SequenceKV& chunk, const st
     return eo;
   };
 
-  // Shared selection: one kept set (and fp16 tier) for every layer, from the mean over layers of
-  // each layer's normalized per-token scores. Layers are scored in parallel and summed in layer
-  // order, so the set does not depend on the executor; like the rest of the plan it is made
-  // before the cache changes.
+  // Shared selection (one kept set and fp16 tier for every layer, from the mean over layers of
+  // each layer's normalized per-token scores) and eviction spread over layers (per-layer evicted
+  // counts from the same normalized scores) need every layer's scores before any layer is
+  // planned. Layers are scored in parallel and combined in layer order, so the result does not
+  // depend on the executor; like the rest of the plan it is made before the cache changes.
+  const bool spread = evict && config_.layer_adaptive_eviction;
   std::vector<int64_t> shared_set, shared_tier;
-  if (config_.shared_selection && score) {
+  std::vector<select::LayerScores> spread_scores;  // spread: each layer's scores, reused below
+  std::vector<int64_t> spread_counts;              // spread: tokens each layer evicts
+  if ((config_.shared_selection && score) || spread) {
+    const char* mode = spread ? "eviction spread over layers" : "shared selection";
     const int64_t before = cache.layer(0).original_tokens;
     for (int l = 1; l < shape_.n_layers; ++l)
-      detail::require(
-          cache.layer(l).original_tokens == before,
-          "compress: shared selection needs every layer at the same length; layer {} has {} tokens, layer 0 {}", l,
-          cache.layer(l).original_tokens, before);
+      detail::require(cache.layer(l).original_tokens == before,
+                      "compress: {} needs every layer at the same length; layer {} has {} tokens, layer 0 {}", mode,
+                      l, cache.layer(l).original_tokens, before);
     std::vector<std::vector<float>> token_scores(static_cast<size_t>(shape_.n_layers));
+    if (spread) spread_scores.resize(static_cast<size_t>(shape_.n_layers));
     run_tasks(executor, shape_.n_layers, [&](int64_t li) {
       const int l = static_cast<int>(li);
       const LayerKV& kv = chunk.layers[static_cast<size_t>(l)];
       check_layer_view(kv.keys, shape_, n, "keys", l);
       require_finite_layer(kv.keys, "keys", l);  // before scoring: the error names the element
       const LayerQueries* lq = queries ? &(*queries)[static_cast<size_t>(l)] : nullptr;
-      const auto scores = select::score_layer(kv.keys, pos.data(), lq, so, cache.layout().effective_softmax_scale());
+      auto scores = select::score_layer(kv.keys, pos.data(), lq, so, cache.layout().effective_softmax_scale());
       token_scores[static_cast<size_t>(l)] = select::aggregate_heads(scores, config_.head_aggregation);
+      if (spread) spread_scores[static_cast<size_t>(l)] = std::move(scores);
     });
-    std::vector<double> acc(static_cast<size_t>(n), 0.0);
-    for (int l = 0; l < shape_.n_layers; ++l) add_normalized_scores(token_scores[static_cast<size_t>(l)], l, acc);
-    std::vector<float> mean(static_cast<size_t>(n));
-    for (int64_t t = 0; t < n; ++t)
-      mean[static_cast<size_t>(t)] = static_cast<float>(acc[static_cast<size_t>(t)] / shape_.n_layers);
     const select::EvictionOptions eo = eviction_options(before);
-    if (evict) {
-      shared_set = select::select_tokens(mean, eo);
+    if (spread) {
+      spread_counts = spread_evictions(token_scores, eo);
     } else {
-      shared_set.resize(static_cast<size_t>(n));
-      for (int64_t t = 0; t < n; ++t) shared_set[static_cast<size_t>(t)] = t;
+      std::vector<double> acc(static_cast<size_t>(n), 0.0);
+      for (int l = 0; l < shape_.n_layers; ++l) {
+        const std::vector<double> share = normalized_scores(token_scores[static_cast<size_t>(l)], l, mode);
+        for (int64_t t = 0; t < n; ++t) acc[static_cast<size_t>(t)] += share[static_cast<size_t>(t)];
+      }
+      std::vector<float> mean(static_cast<size_t>(n));
+      for (int64_t t = 0; t < n; ++t)
+        mean[static_cast<size_t>(t)] = static_cast<float>(acc[static_cast<size_t>(t)] / shape_.n_layers);
+      if (evict) {
+        shared_set = select::select_tokens(mean, eo);
+      } else {
+        shared_set.resize(static_cast<size_t>(n));
+        for (int64_t t = 0; t < n; ++t) shared_set[static_cast<size_t>(t)] = t;
+      }
+      shared_tier = select::select_tier(mean, shared_set, tier, eo);
     }
-    shared_tier = select::select_tier(mean, shared_set, tier, eo);
   }
 
   // Plan every layer (validation, selection, fp16 rounding, the codes of every flush) before the
@@ -284,7 +338,8 @@ void KVCompressor::extend(CompressedKV& cache, const SequenceKV& chunk, const st
       detail::require(last < pos[0], "extend: the chunk's first position {} does not follow position {} stored in layer {}",
                       pos[0], last, l);
     }
-    const select::EvictionOptions eo = eviction_options(ld.original_tokens);
+    select::EvictionOptions eo = eviction_options(ld.original_tokens);
+    if (spread) eo.evict_count = spread_counts[static_cast<size_t>(l)];
     const int64_t sinks_here = eo.sinks;
     // The kept sets (chunk indices), and per set its fp16-tier tokens.
     std::vector<std::vector<int64_t>> sets, tiers;
@@ -293,7 +348,9 @@ void KVCompressor::extend(CompressedKV& cache, const SequenceKV& chunk, const st
       tiers.assign(1, shared_tier);
     } else {
       select::LayerScores scores;
-      if (score) {
+      if (spread) {
+        scores = std::move(spread_scores[static_cast<size_t>(l)]);  // this task's own entry
+      } else if (score) {
         const LayerQueries* lq = queries ? &(*queries)[static_cast<size_t>(l)] : nullptr;
         scores = select::score_layer(kv.keys, pos.data(), lq, so, cache.layout().effective_softmax_scale());
       }

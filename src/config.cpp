@@ -151,6 +151,10 @@ void Config::validate(const ModelShape& shape) const {
     throw Error(
         "Config.shared_selection (spec key 'shared') and Config.per_head_selection (spec key 'per_head') "
         "both set; accepted: one of them (a kept set for the whole model, or one per KV head)");
+  if (shared_selection && layer_adaptive_eviction)
+    throw Error(
+        "Config.shared_selection (spec key 'shared') and Config.layer_adaptive_eviction (spec key 'evict_layers') "
+        "both set; accepted: one of them (one kept set for every layer, or per-layer sets of per-layer sizes)");
   if (rope.head_dim != shape.head_dim && rope.head_dim != 0 && rope.head_dim != 128)
     throw Error(fmt::format("Config.rope.head_dim is {}, the model's head_dim {}; accepted: {}, 0 or 128 (the "
                             "layout always uses the model's)",

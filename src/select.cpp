@@ -210,7 +210,7 @@ std::vector<float> aggregate_heads(const LayerScores& s, Aggregation how) {
 int64_t kept_count(int64_t n, const EvictionOptions& o) {
   detail::require(o.rate >= 0.0 && o.rate < 1.0, "EvictionOptions.rate must be in [0, 1), got {}", o.rate);
   require(o.sinks >= 0 && o.recent >= 0, "EvictionOptions: sinks and recent must be >= 0");
-  const int64_t evict = std::llround(o.rate * static_cast<double>(n));
+  const int64_t evict = o.evict_count >= 0 ? o.evict_count : std::llround(o.rate * static_cast<double>(n));
   const int64_t floor_keep = std::min<int64_t>(n, static_cast<int64_t>(o.sinks) + o.recent);
   return std::max(floor_keep, n - evict);
 }

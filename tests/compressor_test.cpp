@@ -756,6 +756,111 @@ TEST(Compressor, SharedSelectionKeepsOneSetForEveryLayer) {
   }
 }
 
+// evict_layers=1, brute force: each layer's head-combined scores normalized to sum 1 (as for
+// shared selection), the candidates (neither sinks nor recent) of all layers sorted by (share,
+// layer, later token first), the lowest (tokens one layer evicts) x (layers) evicted. Every layer keeps its
+// sinks and recent window and exactly the reference's positions; the total equals uniform
+// eviction's; the counts differ between layers on this input; threads change nothing; a second
+// chunk (extend) spreads its own evictions.
+TEST(Compressor, EvictionSpreadOverLayersEvictsTheLowestSharesOfAllLayers) {
+  auto spec = default_spec(161);
+  spec.n_layers = 4;
+  Fixture f(spec);
+  const int64_t n = spec.tokens;
+  ThreadPool pool(2);
+  for (const char* spec_string : {"preset=lossless,evict=0.4,evict_layers=1",
+                                  "preset=quant-k3v2,evict=0.3,evict_layers=1,per_head=1,fp16_tier=0.02",
+                                  "preset=lossless,evict=0.5,evict_layers=1,scorer=key-norm,sinks=6,recent=20"}) {
+    SCOPED_TRACE(spec_string);
+    const Config cfg = Config::parse(spec_string);
+    ASSERT_TRUE(cfg.layer_adaptive_eviction);
+    KVCompressor c(f.shape, cfg);
+    const auto cache = c.compress(f.seq, &f.queries);
+    // The reference.
+    std::vector<int32_t> pos(static_cast<size_t>(n));
+    for (int64_t t = 0; t < n; ++t) pos[static_cast<size_t>(t)] = f.seq.position(t);
+    select::ScorerOptions so;
+    so.kind = cfg.scorer;
+    so.window = cfg.obs_window;
+    so.pool_kernel = cfg.pool_kernel;
+    so.gqa = cfg.gqa_aggregation;
+    so.seed = cfg.scorer_seed;
+    struct Candidate {
+      double share;
+      int layer;
+      int64_t token;
+    };
+    std::vector<Candidate> candidates;
+    for (int l = 0; l < spec.n_layers; ++l) {
+      const auto per_token = select::aggregate_heads(
+          select::score_layer(f.seq.layers[static_cast<size_t>(l)].keys, pos.data(), &f.queries[static_cast<size_t>(l)],
+                              so, cache.layout().effective_softmax_scale()),
+          cfg.head_aggregation);
+      const double lo = std::min(0.0, static_cast<double>(*std::min_element(per_token.begin(), per_token.end())));
+      double sum = 0;
+      for (float x : per_token) sum += x - lo;
+      for (int64_t t = cfg.sinks; t < n - cfg.recent_window; ++t)
+        candidates.push_back({sum > 0 ? (per_token[static_cast<size_t>(t)] - lo) / sum : 1.0 / n, l, t});
+    }
+    std::sort(candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {
+      if (a.share != b.share) return a.share < b.share;
+      if (a.layer != b.layer) return a.layer < b.layer;
+      return a.token > b.token;  // of equal scores a layer keeps the earlier token
+    });
+    select::EvictionOptions eo;
+    eo.rate = cfg.eviction_rate;
+    eo.sinks = cfg.sinks;
+    eo.recent = cfg.recent_window;
+    const int64_t per_layer = n - select::kept_count(n, eo);
+    ASSERT_GT(per_layer, 0);
+    std::vector<std::vector<char>> evicted(static_cast<size_t>(spec.n_layers), std::vector<char>(static_cast<size_t>(n), 0));
+    for (int64_t i = 0; i < per_layer * spec.n_layers; ++i)
+      evicted[static_cast<size_t>(candidates[static_cast<size_t>(i)].layer)][static_cast<size_t>(candidates[static_cast<size_t>(i)].token)] = 1;
+    int64_t total_kept = 0;
+    std::vector<int64_t> kept_per_layer;
+    for (int l = 0; l < spec.n_layers; ++l) {
+      std::vector<int32_t> want;
+      for (int64_t t = 0; t < n; ++t)
+        if (!evicted[static_cast<size_t>(l)][static_cast<size_t>(t)]) want.push_back(pos[static_cast<size_t>(t)]);
+      kept_per_layer.push_back(static_cast<int64_t>(want.size()));
+      total_kept += static_cast<int64_t>(want.size());
+      for (int h = 0; h < spec.n_kv_heads; ++h) {
+        EXPECT_EQ(cache.stored_tokens(l, h), static_cast<int64_t>(want.size())) << "layer " << l << " head " << h;
+        if (!cfg.per_head_selection) EXPECT_EQ(cache.stored_positions(l), want) << "layer " << l;
+      }
+      if (cfg.per_head_selection) continue;  // counts per head above; positions are per head
+      const auto stored = cache.stored_positions(l);
+      for (int s = 0; s < cfg.sinks; ++s)
+        EXPECT_NE(std::find(stored.begin(), stored.end(), s), stored.end()) << "sink " << s << " of layer " << l;
+      for (int64_t t = n - cfg.recent_window; t < n; ++t)
+        EXPECT_NE(std::find(stored.begin(), stored.end(), pos[static_cast<size_t>(t)]), stored.end())
+            << "recent token " << t << " of layer " << l;
+    }
+    EXPECT_EQ(total_kept, select::kept_count(n, eo) * spec.n_layers) << "the total is uniform eviction's";
+    EXPECT_NE(*std::min_element(kept_per_layer.begin(), kept_per_layer.end()),
+              *std::max_element(kept_per_layer.begin(), kept_per_layer.end()))
+        << "every layer evicts the same count on this input (the test would not tell spread from uniform)";
+    EXPECT_EQ(entropy::serialize(c.compress(f.seq, &f.queries, &pool)), entropy::serialize(cache));
+    // extend: the second chunk's evictions are spread too (the total again uniform eviction's).
+    const int64_t m = 200;
+    SequenceKV first, second;
+    for (const auto& kv : f.seq.layers) {
+      first.layers.push_back({kv.keys.token_slice(0, m), kv.values.token_slice(0, m)});
+      second.layers.push_back({kv.keys.token_slice(m, n - m), kv.values.token_slice(m, n - m)});
+    }
+    second.first_position = static_cast<int32_t>(m);
+    auto grown = c.compress(first, &f.queries);
+    c.extend(grown, second, &f.queries);
+    select::EvictionOptions e1 = eo, e2 = eo;
+    e2.sinks = 0;
+    int64_t grown_total = 0;
+    for (int l = 0; l < spec.n_layers; ++l) grown_total += grown.stored_tokens(l, 0);
+    EXPECT_EQ(grown_total, (select::kept_count(m, e1) + select::kept_count(n - m, e2)) * spec.n_layers);
+  }
+  // One kept set for every layer and per-layer sizes exclude each other.
+  EXPECT_THROW(KVCompressor(f.shape, Config::parse("preset=high,shared=1,evict_layers=1")), Error);
+}
+
 // extend() selects the new chunk's kept set for the whole model too (earlier tokens stay as they
 // are; only the chunk is evicted from, as without the flag). Layers of different lengths (an
 // append to one layer only) cannot share a selection: refused, the cache unchanged.

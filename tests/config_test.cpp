@@ -66,6 +66,7 @@ void expect_config_eq(const Config& a, const Config& b, const std::string& where
   EXPECT_EQ(a.head_aggregation, b.head_aggregation);
   EXPECT_EQ(a.per_head_selection, b.per_head_selection);
   EXPECT_EQ(a.shared_selection, b.shared_selection);
+  EXPECT_EQ(a.layer_adaptive_eviction, b.layer_adaptive_eviction);
   EXPECT_EQ(a.scorer_seed, b.scorer_seed);
   EXPECT_EQ(a.residual_length, b.residual_length);
   EXPECT_EQ(a.flush_block, b.flush_block);
@@ -96,7 +97,7 @@ TEST(ConfigFields, ExpectConfigEqCoversEveryField) {
     select::ScorerKind scorer;
     int obs_window, pool_kernel;
     select::Aggregation gqa_aggregation, head_aggregation;
-    bool per_head_selection, shared_selection;
+    bool per_head_selection, shared_selection, layer_adaptive_eviction;
     uint64_t scorer_seed;
     int residual_length, flush_block;
     bool fp16_sinks, center;
@@ -186,6 +187,7 @@ Config random_config(std::mt19937_64& rng, const ModelShape& shape) {
   c.head_aggregation = static_cast<select::Aggregation>(pick(2));
   c.per_head_selection = pick(2) == 1;
   c.shared_selection = !c.per_head_selection && pick(2) == 1;  // the two exclude each other
+  c.layer_adaptive_eviction = !c.shared_selection && pick(2) == 1;  // so do these
   c.scorer_seed = rng() >> pick(64);
   c.residual_length = pick(1000);
   c.flush_block = 1 + pick(256);
@@ -317,6 +319,24 @@ TEST(ConfigParse, SharedSelection) {
   expect_error([&] { both.validate(shape); }, "'per_head'");
   expect_error([&] { KVCompressor(shape, both); }, "shared_selection");
   expect_error([&] { make_layout(both, shape); }, "per_head_selection");
+}
+
+TEST(ConfigParse, EvictionSpreadOverLayers) {
+  EXPECT_FALSE(Config().layer_adaptive_eviction);
+  const Config c = Config::parse("preset=high,evict_layers=1");
+  EXPECT_TRUE(c.layer_adaptive_eviction);
+  const std::string d = c.describe();
+  EXPECT_NE(d.find("evict_layers=1"), std::string::npos) << d;
+  expect_config_eq(c, Config::parse(d), d);
+  const ModelShape shape{2, 2, 4, 64};
+  EXPECT_NO_THROW(c.validate(shape));
+  EXPECT_NO_THROW(Config::parse("preset=high,evict_layers=1,per_head=1").validate(shape));
+  // Per-layer set sizes and one set for the model exclude each other; the message names both.
+  const Config both = Config::parse("preset=high,shared=1,evict_layers=1");
+  expect_error([&] { both.validate(shape); }, "'shared'");
+  expect_error([&] { both.validate(shape); }, "'evict_layers'");
+  expect_error([&] { KVCompressor(shape, both); }, "layer_adaptive_eviction");
+  expect_error([] { Config::parse("evict_layers=2"); }, "evict_layers");
 }
 
 TEST(ConfigValidate, UnknownEnumIdsAreRejected) {

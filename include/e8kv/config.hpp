@@ -80,6 +80,15 @@ struct Config {
   /// then averaged over layers; the set is selected once from that average. Excludes
   /// per_head_selection.
   bool shared_selection = false;
+  /// Eviction spread over layers: the chunk's evicted-token total stays what eviction_rate gives
+  /// every layer, but which layer gives them up is chosen from the scores. Each layer's per-token
+  /// scores (KV heads combined by head_aggregation) are normalized to sum 1 over the chunk, as
+  /// for shared_selection, and the tokens with the lowest normalized scores over all layers are
+  /// evicted (ties: lower layer, then later token); sinks and the recent window stay in every
+  /// layer. A layer whose attention is flat (every token a similar share) so keeps more than one
+  /// whose attention is concentrated. Needs every layer at the same length; excludes
+  /// shared_selection.
+  bool layer_adaptive_eviction = false;
   uint64_t scorer_seed = 0;
 
   // Residual fp16 window for appended tokens, flushed into codes in whole blocks.
@@ -111,7 +120,8 @@ struct Config {
   ///   key, value (codecs: fp16, e8p2, rvq3, rvq4, ball3, ball4, vor2..4, lm2..4), evict, fp16_tier, sinks,
   ///   recent, scorer (obs-window, multi-window, key-key, streaming, random, key-norm), window,
   ///   pool, protect, rope (pre | post), key_gain, value_gain (ls, norm, unbiased), key_scale,
-  ///   value_scale, residual, flush, per_head, shared (shared_selection), fp16_sinks, center,
+  ///   value_scale, residual, flush, per_head, shared (shared_selection), evict_layers
+  ///   (layer_adaptive_eviction), fp16_sinks, center,
   ///   mean_tokens, qweight, gain_bits, gqa (mean | max), head_agg, scorer_seed, seed
   ///   (rotation_seed), softmax_scale,
   ///   layer_rates (key/value per layer, ';' between layers), budget (rate_budget), rope_layout (split-half |

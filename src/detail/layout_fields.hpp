@@ -71,6 +71,7 @@ inline constexpr size_t kLayoutRecordBytes = 128;
   SHARED(flush_block, flush_block, "flush", ints(1, kIntMax), 40, wire::i32, v1)                                     \
   SHARED(per_head_selection, per_head_positions, "per_head", flag(), 19, wire::u8, v1)                               \
   CONFIG(shared_selection, "shared", flag())                                                                         \
+  CONFIG(layer_adaptive_eviction, "evict_layers", flag())                                                            \
   CONFIG(fp16_sinks, "fp16_sinks", flag())                                                                           \
   SHARED(center, center, "center", flag(), 20, wire::u8, v1)                                                         \
   SHARED(mean_tokens, mean_tokens, "mean_tokens", ints(1, kIntMax), 44, wire::i32, v1)                               \

@@ -15,9 +15,13 @@ struct EvictionOptions {
   int recent = 32;         ///< last tokens always kept
   bool per_head = false;   ///< one kept set per KV head instead of one per layer
   Aggregation head_aggregation = Aggregation::kMean;  ///< combining KV heads for a shared set
+  /// When >= 0, the number of tokens to evict instead of round(rate * n) (rate is then unused):
+  /// per-layer counts of an eviction spread over layers (Config::layer_adaptive_eviction).
+  int64_t evict_count = -1;
 };
 
-/// Number of tokens kept out of n: n - round(rate * n), but never fewer than min(n, sinks + recent).
+/// Number of tokens kept out of n: n - round(rate * n) (or n - evict_count), but never fewer than
+/// min(n, sinks + recent).
 int64_t kept_count(int64_t n, const EvictionOptions& o);
 
 /// Indices (0-based token indices into the layer, not positions) of the kept tokens, sorted
