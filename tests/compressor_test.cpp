@@ -676,12 +676,11 @@ TEST(Compressor, ExtendNeverRequantizesEarlierTokens) {
   EXPECT_EQ(cache.stored_tokens(0), k1 + select::kept_count(spec.tokens - m, eo));
 }
 
-// Shared selection, brute force: the positions every layer keeps of `chunk` (`before` tokens
-// already in the cache), from score_layer and aggregate_heads per layer, each layer's per-token
-// scores shifted to a minimum of 0 when some are negative and divided by their sum (uniform when
-// that is 0), the mean over layers in double, then select_tokens once.
-std::vector<int32_t> shared_reference(const SequenceKV& chunk, const std::vector<LayerQueries>& queries,
-                                      const Config& cfg, int64_t before, float softmax_scale) {
+/// Brute force of the layers' normalized scores (shared selection, eviction spread over layers):
+/// per layer, score_layer and aggregate_heads, shifted to a minimum of 0 when some are negative and
+/// divided by their sum (uniform when that is 0), in double.
+std::vector<std::vector<double>> normalized_layer_scores(const SequenceKV& chunk, const std::vector<LayerQueries>& queries,
+                                                         const Config& cfg, float softmax_scale) {
   const int64_t n = chunk.tokens();
   std::vector<int32_t> pos(static_cast<size_t>(n));
   for (int64_t t = 0; t < n; ++t) pos[static_cast<size_t>(t)] = chunk.position(t);
@@ -691,16 +690,31 @@ std::vector<int32_t> shared_reference(const SequenceKV& chunk, const std::vector
   so.pool_kernel = cfg.pool_kernel;
   so.gqa = cfg.gqa_aggregation;
   so.seed = cfg.scorer_seed;
-  std::vector<double> mean(static_cast<size_t>(n), 0.0);
+  std::vector<std::vector<double>> out;
   for (size_t l = 0; l < chunk.layers.size(); ++l) {
     const auto per_token = select::aggregate_heads(
         select::score_layer(chunk.layers[l].keys, pos.data(), &queries[l], so, softmax_scale), cfg.head_aggregation);
     const double lo = std::min(0.0, static_cast<double>(*std::min_element(per_token.begin(), per_token.end())));
     double sum = 0;
     for (float x : per_token) sum += x - lo;
+    std::vector<double> share(static_cast<size_t>(n));
     for (int64_t t = 0; t < n; ++t)
-      mean[static_cast<size_t>(t)] += sum > 0 ? (per_token[static_cast<size_t>(t)] - lo) / sum : 1.0 / n;
+      share[static_cast<size_t>(t)] = sum > 0 ? (per_token[static_cast<size_t>(t)] - lo) / sum : 1.0 / n;
+    out.push_back(std::move(share));
   }
+  return out;
+}
+
+// Shared selection, brute force: the positions every layer keeps of `chunk` (`before` tokens
+// already in the cache): the mean over layers of normalized_layer_scores, then select_tokens once.
+std::vector<int32_t> shared_reference(const SequenceKV& chunk, const std::vector<LayerQueries>& queries,
+                                      const Config& cfg, int64_t before, float softmax_scale) {
+  const int64_t n = chunk.tokens();
+  std::vector<int32_t> pos(static_cast<size_t>(n));
+  for (int64_t t = 0; t < n; ++t) pos[static_cast<size_t>(t)] = chunk.position(t);
+  std::vector<double> mean(static_cast<size_t>(n), 0.0);
+  for (const auto& share : normalized_layer_scores(chunk, queries, cfg, softmax_scale))
+    for (int64_t t = 0; t < n; ++t) mean[static_cast<size_t>(t)] += share[static_cast<size_t>(t)];
   std::vector<float> avg(static_cast<size_t>(n));
   for (int64_t t = 0; t < n; ++t)
     avg[static_cast<size_t>(t)] = static_cast<float>(mean[static_cast<size_t>(t)] / chunk.layers.size());
@@ -779,29 +793,16 @@ TEST(Compressor, EvictionSpreadOverLayersEvictsTheLowestSharesOfAllLayers) {
     // The reference.
     std::vector<int32_t> pos(static_cast<size_t>(n));
     for (int64_t t = 0; t < n; ++t) pos[static_cast<size_t>(t)] = f.seq.position(t);
-    select::ScorerOptions so;
-    so.kind = cfg.scorer;
-    so.window = cfg.obs_window;
-    so.pool_kernel = cfg.pool_kernel;
-    so.gqa = cfg.gqa_aggregation;
-    so.seed = cfg.scorer_seed;
     struct Candidate {
       double share;
       int layer;
       int64_t token;
     };
     std::vector<Candidate> candidates;
-    for (int l = 0; l < spec.n_layers; ++l) {
-      const auto per_token = select::aggregate_heads(
-          select::score_layer(f.seq.layers[static_cast<size_t>(l)].keys, pos.data(), &f.queries[static_cast<size_t>(l)],
-                              so, cache.layout().effective_softmax_scale()),
-          cfg.head_aggregation);
-      const double lo = std::min(0.0, static_cast<double>(*std::min_element(per_token.begin(), per_token.end())));
-      double sum = 0;
-      for (float x : per_token) sum += x - lo;
+    const auto shares = normalized_layer_scores(f.seq, f.queries, cfg, cache.layout().effective_softmax_scale());
+    for (int l = 0; l < spec.n_layers; ++l)
       for (int64_t t = cfg.sinks; t < n - cfg.recent_window; ++t)
-        candidates.push_back({sum > 0 ? (per_token[static_cast<size_t>(t)] - lo) / sum : 1.0 / n, l, t});
-    }
+        candidates.push_back({shares[static_cast<size_t>(l)][static_cast<size_t>(t)], l, t});
     std::sort(candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {
       if (a.share != b.share) return a.share < b.share;
       if (a.layer != b.layer) return a.layer < b.layer;
