@@ -6,8 +6,10 @@
 // layout engines use, token-outer, each K/V row read once for its 4 query heads, fused
 // multiply-adds and F16C conversion, chunks of 512 tokens with their softmax states merged — the
 // same kernels (src/attention/attend_kernels.inc) e8kv's fp16 window uses, so both sides get the
-// same care. "cold" rotates through enough copies of the data that every call reads it from DRAM
-// (> 96 MiB touched between two reads of one copy; the last-level cache here is 32 MiB).
+// same care. "cold" rotates through enough copies of the data that every call reads it from DRAM:
+// more than twice the last-level cache (read from sysconf, at least 96 MiB) is touched between two
+// reads of one copy. (A fixed 96 MiB, sized for a 32 MiB L3, left e8kv's 21 MB caches partly
+// L3-resident on a host with 105 MiB of L3 while the 128 MiB dense copies were not.)
 //
 //   build/<dir>/bench/attention/e8kv-attention-bench --benchmark_filter=... [--benchmark_repetitions=5]
 //   scripts/attention_ratios.py out.json   # ratios against the fp16 baseline of the same run
@@ -21,6 +23,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include "attention/attend_kernels.hpp"
 #include "e8kv/attention/attend.hpp"
 #include "e8kv/compressor.hpp"
@@ -33,7 +37,17 @@ using namespace e8kv;
 
 constexpr int kKvHeads = 8, kQHeads = 32, kDim = 128, kGroup = kQHeads / kKvHeads;
 constexpr int64_t kChunk = 512;
-constexpr size_t kColdBytes = size_t{96} << 20;
+/// Bytes a cold run touches between two reads of one copy.
+size_t cold_bytes() {
+  static const size_t bytes = [] {
+    long llc = -1;
+#ifdef _SC_LEVEL3_CACHE_SIZE
+    llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+#endif
+    return std::max<size_t>(size_t{96} << 20, llc > 0 ? 2 * static_cast<size_t>(llc) : 0);
+  }();
+  return bytes;
+}
 
 struct Layer {
   int64_t tokens = 0;
@@ -147,7 +161,7 @@ std::vector<T> to_hnd(const std::vector<T>& nhd, int64_t n) {
 }
 
 /// Copies of a data set enough to make every read a DRAM read when cycled (1 when hot).
-size_t copies_for(size_t bytes, bool cold) { return cold ? std::max<size_t>(2, kColdBytes / std::max<size_t>(bytes, 1) + 1) : 1; }
+size_t copies_for(size_t bytes, bool cold) { return cold ? std::max<size_t>(2, cold_bytes() / std::max<size_t>(bytes, 1) + 1) : 1; }
 
 void BM_DenseFp16(benchmark::State& state) {
   const auto& d = layer(state.range(0));
