@@ -34,16 +34,18 @@ def main(path):
     def key(name):
         tokens = re.search(r"tokens:(\d+)", name)
         cold = re.search(r"cold:(\d+)", name)
-        return (tokens.group(1) if tokens else None, cold.group(1) if cold else None)
+        queries = re.search(r"queries:(\d+)", name)
+        return (tokens.group(1) if tokens else None, cold.group(1) if cold else None,
+                queries.group(1) if queries else "1")
 
     base = {}
     for n in order:
-        if n.startswith("BM_DenseFp16/") and n.endswith("hnd:1"):
+        if n.startswith("BM_DenseFp16/") and "/hnd:1" in n:
             base[key(n)] = med[n]
     ctx = data.get("context", {})
     print(f"# {ctx.get('date', '')} {ctx.get('host_name', '')}, {ctx.get('num_cpus', '?')} CPUs, "
           f"{ctx.get('mhz_per_cpu', '?')} MHz; medians of {max(len(v) for v in times.values())} repetitions")
-    print("| benchmark | ms (median) | min-max | vs dense fp16 HND (one thread), same tokens and temperature "
+    print("| benchmark | ms (median) | min-max | vs dense fp16 HND (one thread), same tokens, temperature and query tokens "
           "| threads: speed-up over the same row with one thread |")
     print("|---|---|---|---|---|")
     for n in sorted(order):

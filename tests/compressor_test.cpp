@@ -827,7 +827,9 @@ TEST(Compressor, EvictionSpreadOverLayersEvictsTheLowestSharesOfAllLayers) {
       total_kept += static_cast<int64_t>(want.size());
       for (int h = 0; h < spec.n_kv_heads; ++h) {
         EXPECT_EQ(cache.stored_tokens(l, h), static_cast<int64_t>(want.size())) << "layer " << l << " head " << h;
-        if (!cfg.per_head_selection) EXPECT_EQ(cache.stored_positions(l), want) << "layer " << l;
+        if (!cfg.per_head_selection) {
+          EXPECT_EQ(cache.stored_positions(l), want) << "layer " << l;
+        }
       }
       if (cfg.per_head_selection) continue;  // counts per head above; positions are per head
       const auto stored = cache.stored_positions(l);

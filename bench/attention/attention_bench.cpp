@@ -36,6 +36,9 @@ namespace {
 using namespace e8kv;
 
 constexpr int kKvHeads = 8, kQHeads = 32, kDim = 128, kGroup = kQHeads / kKvHeads;
+/// Query tokens of the multi-token rows (a speculative-decoding verify step, or a short prefill
+/// chunk attending to a compressed prefix).
+constexpr int kMaxQueryTokens = 4;
 constexpr int64_t kChunk = 512;
 /// Bytes a cold run touches between two reads of one copy.
 size_t cold_bytes() {
@@ -51,7 +54,7 @@ size_t cold_bytes() {
 
 struct Layer {
   int64_t tokens = 0;
-  std::vector<float> k, v, q;  // NHD fp32, and one query token
+  std::vector<float> k, v, q;  // NHD fp32, and kMaxQueryTokens query tokens
 };
 
 const Layer& layer(int64_t tokens) {
@@ -64,7 +67,7 @@ const Layer& layer(int64_t tokens) {
     std::normal_distribution<float> g(0.f, 1.f);
     slot->k.resize(static_cast<size_t>(tokens) * kKvHeads * kDim);
     slot->v.resize(slot->k.size());
-    slot->q.resize(static_cast<size_t>(kQHeads) * kDim);
+    slot->q.resize(static_cast<size_t>(kMaxQueryTokens) * kQHeads * kDim);
     // Keys with a per-head common component (as real pre-RoPE keys have), values Gaussian.
     std::vector<float> bias(static_cast<size_t>(kKvHeads) * kDim);
     for (auto& x : bias) x = 2.f * g(rng);
@@ -82,29 +85,33 @@ const Layer& layer(int64_t tokens) {
 /// pages).
 enum class Layout { kNhd, kHnd };
 
+/// n_q query tokens (q and out: [n_q][kQHeads][kDim]); each chunk of K/V rows is read from memory
+/// once for all of them (the later tokens find it in cache), as a multi-token decode step would.
 template <class K, class Dec>
 void dense_attention(const Dec& dec, Layout layout, const uint8_t* k, const uint8_t* v, size_t elem_bytes, int64_t n,
-                     const float* q, float* out) {
+                     const float* q, float* out, int n_q = 1) {
   const size_t row = static_cast<size_t>(kDim) * elem_bytes;
   const size_t stride = layout == Layout::kNhd ? row * kKvHeads : row;
   // NHD: short chunks, every head per chunk, so a chunk's rows (all heads) stay in L2 while each
   // head takes its 256 bytes of every 2 KB token; HND: each head streams its own contiguous rows.
   const int64_t chunk = layout == Layout::kNhd ? 64 : kChunk;
   const float scale = 1.f / std::sqrt(static_cast<float>(kDim));
-  alignas(32) float qs[kKvHeads][kGroup * kDim], logits[kGroup * kChunk], w[kChunk * kGroup], acc[kGroup * kDim];
-  static thread_local std::vector<float> total(static_cast<size_t>(kQHeads) * kDim);
-  float m_run[kQHeads], l_run[kQHeads];
-  std::fill(m_run, m_run + kQHeads, -INFINITY);
-  std::fill(l_run, l_run + kQHeads, 0.f);
-  std::fill(total.begin(), total.end(), 0.f);
-  for (int h = 0; h < kKvHeads; ++h)
-    for (int i = 0; i < kGroup * kDim; ++i) qs[h][i] = q[h * kGroup * kDim + i] * scale;
+  alignas(32) float logits[kGroup * kChunk], w[kChunk * kGroup], acc[kGroup * kDim];
+  static thread_local std::vector<float> qs, total, m_run, l_run;
+  const size_t per_token = static_cast<size_t>(kQHeads) * kDim;
+  qs.resize(per_token * n_q);
+  total.assign(per_token * n_q, 0.f);
+  m_run.assign(static_cast<size_t>(kQHeads) * n_q, -INFINITY);
+  l_run.assign(static_cast<size_t>(kQHeads) * n_q, 0.f);
+  for (size_t i = 0; i < qs.size(); ++i) qs[i] = q[i] * scale;
   for (int64_t c0 = 0; c0 < n; c0 += chunk) {
     const int64_t m = std::min(chunk, n - c0), padded = (m + 7) / 8 * 8;
-    for (int h = 0; h < kKvHeads; ++h) {
+    for (int h = 0; h < kKvHeads; ++h)
+    for (int tq = 0; tq < n_q; ++tq) {
       const size_t base = layout == Layout::kNhd ? static_cast<size_t>(c0) * stride + h * row
                                                  : (static_cast<size_t>(h) * n + static_cast<size_t>(c0)) * row;
-      K::template dot_rows<kGroup>(dec, k + base, stride, kDim / 8, qs[h], m, logits, kChunk);
+      const float* qh = qs.data() + tq * per_token + static_cast<size_t>(h) * kGroup * kDim;
+      K::template dot_rows<kGroup>(dec, k + base, stride, kDim / 8, qh, m, logits, kChunk);
       float mx[kGroup], sum[kGroup];
       for (int g = 0; g < kGroup; ++g) {
         std::fill(logits + g * kChunk + m, logits + g * kChunk + padded, -INFINITY);
@@ -114,29 +121,29 @@ void dense_attention(const Dec& dec, Layout layout, const uint8_t* k, const uint
       std::fill(acc, acc + kGroup * kDim, 0.f);
       K::template accumulate_rows<kGroup>(dec, v + base, stride, kDim / 8, w, m, acc);
       for (int g = 0; g < kGroup; ++g) {  // online merge of the chunk into the running state
-        const int qh = h * kGroup + g;
+        const size_t qh = static_cast<size_t>(tq) * kQHeads + h * kGroup + g;
         const float m2 = std::max(m_run[qh], mx[g]);
         const float a = std::exp(m_run[qh] - m2), b = std::exp(mx[g] - m2);
         l_run[qh] = l_run[qh] * a + sum[g] * b;
-        float* t = total.data() + static_cast<size_t>(qh) * kDim;
+        float* t = total.data() + qh * kDim;
         for (int i = 0; i < kDim; ++i) t[i] = t[i] * a + acc[g * kDim + i] * b;
         m_run[qh] = m2;
       }
     }
   }
-  for (int qh = 0; qh < kQHeads; ++qh)
-    for (int i = 0; i < kDim; ++i) out[qh * kDim + i] = total[static_cast<size_t>(qh) * kDim + i] / l_run[qh];
+  for (size_t qh = 0; qh < static_cast<size_t>(kQHeads) * n_q; ++qh)
+    for (int i = 0; i < kDim; ++i) out[qh * kDim + i] = total[qh * kDim + i] / l_run[qh];
 }
 
-void dense_fp16(Layout layout, const uint16_t* k, const uint16_t* v, int64_t n, const float* q, float* out) {
+void dense_fp16(Layout layout, const uint16_t* k, const uint16_t* v, int64_t n, const float* q, float* out, int n_q = 1) {
   using namespace attention::kernels;
 #if E8KV_HOST_AVX2_DISPATCH
   if (cpu_has_avx2_fma())
     return dense_attention<KernelsAvx2Fma>(KernelsAvx2Fma::Fp16RowDecoder{}, layout, reinterpret_cast<const uint8_t*>(k),
-                                           reinterpret_cast<const uint8_t*>(v), 2, n, q, out);
+                                           reinterpret_cast<const uint8_t*>(v), 2, n, q, out, n_q);
 #endif
   dense_attention<KernelsPortable>(KernelsPortable::Fp16RowDecoder{}, layout, reinterpret_cast<const uint8_t*>(k),
-                                   reinterpret_cast<const uint8_t*>(v), 2, n, q, out);
+                                   reinterpret_cast<const uint8_t*>(v), 2, n, q, out, n_q);
 }
 
 void dense_fp32(Layout layout, const float* k, const float* v, int64_t n, const float* q, float* out) {
@@ -167,6 +174,7 @@ void BM_DenseFp16(benchmark::State& state) {
   const auto& d = layer(state.range(0));
   const bool cold = state.range(1) != 0;
   const Layout layout = state.range(2) ? Layout::kHnd : Layout::kNhd;
+  const int n_q = static_cast<int>(state.range(3));
   const size_t elems = d.k.size();
   const size_t copies = copies_for(4 * elems, cold);
   std::vector<uint16_t> k16(elems), v16(elems);
@@ -177,18 +185,22 @@ void BM_DenseFp16(benchmark::State& state) {
     v16 = to_hnd(v16, d.tokens);
   }
   std::vector<std::vector<uint16_t>> k(copies, k16), v(copies, v16);
-  std::vector<float> out(static_cast<size_t>(kQHeads) * kDim);
+  std::vector<float> out(static_cast<size_t>(n_q) * kQHeads * kDim);
   size_t i = 0;
   for (auto _ : state) {
-    dense_fp16(layout, k[i].data(), v[i].data(), d.tokens, d.q.data(), out.data());
+    dense_fp16(layout, k[i].data(), v[i].data(), d.tokens, d.q.data(), out.data(), n_q);
     benchmark::DoNotOptimize(out.data());
     i = (i + 1) % copies;
   }
   state.counters["bytes_per_token_head"] = 2.0 * 2 * kDim;
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(4 * elems));
 }
-// Args: tokens, cold, layout (0 NHD, 1 HND).
-BENCHMARK(BM_DenseFp16)->ArgNames({"tokens", "cold", "hnd"})->ArgsProduct({{4096, 32768}, {0, 1}, {0, 1}})->Unit(benchmark::kMillisecond);
+// Args: tokens, cold, layout (0 NHD, 1 HND), query tokens per call.
+BENCHMARK(BM_DenseFp16)
+    ->ArgNames({"tokens", "cold", "hnd", "queries"})
+    ->ArgsProduct({{4096, 32768}, {0, 1}, {0, 1}, {1}})
+    ->ArgsProduct({{4096, 32768}, {0, 1}, {1}, {kMaxQueryTokens}})
+    ->Unit(benchmark::kMillisecond);
 
 void BM_DenseFp32(benchmark::State& state) {
   const auto& d = layer(state.range(0));
@@ -216,12 +228,14 @@ void attend_bench(benchmark::State& state, const std::string& spec) {
   const auto& d = layer(state.range(0));
   const bool cold = state.range(1) != 0;
   const int threads = static_cast<int>(state.range(2));
+  const int n_q = static_cast<int>(state.range(3));
   KVCompressor c({1, kKvHeads, kQHeads, kDim}, bench_config(spec));
   SequenceKV seq;
   seq.layers.push_back({TensorView::nhd(d.k.data(), DType::kF32, d.tokens, kKvHeads, kDim),
                         TensorView::nhd(d.v.data(), DType::kF32, d.tokens, kKvHeads, kDim)});
   std::vector<float> qobs(static_cast<size_t>(32) * kQHeads * kDim);
-  for (size_t i = 0; i < qobs.size(); ++i) qobs[i] = d.q[i % d.q.size()];
+  const size_t one_token = static_cast<size_t>(kQHeads) * kDim;
+  for (size_t i = 0; i < qobs.size(); ++i) qobs[i] = d.q[i % one_token];
   LayerQueries lq;
   lq.queries = TensorView::nhd(qobs.data(), DType::kF32, 32, kQHeads, kDim);
   std::vector<LayerQueries> queries{lq};
@@ -229,10 +243,16 @@ void attend_bench(benchmark::State& state, const std::string& spec) {
   const size_t copies = copies_for(first.bytes(), cold);
   std::vector<CompressedKV> caches(copies, first);
   std::unique_ptr<ThreadPool> pool = threads > 1 ? std::make_unique<ThreadPool>(threads) : nullptr;
-  std::vector<float> out(static_cast<size_t>(kQHeads) * kDim), lse(kQHeads);
+  std::vector<float> out(static_cast<size_t>(n_q) * kQHeads * kDim), lse(static_cast<size_t>(n_q) * kQHeads);
   size_t i = 0;
   for (auto _ : state) {
-    attend(caches[i], 0, d.q.data(), out.data(), lse.data(), {pool.get()});
+    AttendRequest request;
+    request.cache = &caches[i];
+    request.n_tokens = n_q;
+    request.q = d.q.data();
+    request.out = out.data();
+    request.lse = lse.data();
+    attend_batch({request}, {pool.get()});
     benchmark::DoNotOptimize(out.data());
     i = (i + 1) % copies;
   }
@@ -241,28 +261,29 @@ void attend_bench(benchmark::State& state, const std::string& spec) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(first.bytes()));
 }
 
-// Args: tokens, cold, threads.
+// Args: tokens, cold, threads, query tokens per call (one request of attend_batch).
 BENCHMARK_CAPTURE(attend_bench, k3v2_residual, std::string("preset=quant-k3v2,rope=residual"))
-    ->ArgNames({"tokens", "cold", "threads"})
-    ->ArgsProduct({{4096, 32768}, {0, 1}, {1}})
-    ->Args({32768, 0, 2})
+    ->ArgNames({"tokens", "cold", "threads", "queries"})
+    ->ArgsProduct({{4096, 32768}, {0, 1}, {1}, {1}})
+    ->Args({32768, 0, 2, 1})
+    ->ArgsProduct({{4096, 32768}, {0, 1}, {1}, {kMaxQueryTokens}})
     ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(attend_bench, k2v2_residual, std::string("preset=quant-k2v2,rope=residual"))
-    ->ArgNames({"tokens", "cold", "threads"})
-    ->ArgsProduct({{4096, 32768}, {0, 1}, {1}})
+    ->ArgNames({"tokens", "cold", "threads", "queries"})
+    ->ArgsProduct({{4096, 32768}, {0, 1}, {1}, {1}})
     ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(attend_bench, k4v4_residual, std::string("preset=quant-k4v4,rope=residual"))
-    ->ArgNames({"tokens", "cold", "threads"})
-    ->Args({32768, 1, 1})
+    ->ArgNames({"tokens", "cold", "threads", "queries"})
+    ->Args({32768, 1, 1, 1})
     ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(attend_bench, k3v2_post, std::string("preset=quant-k3v2,rope=post"))
-    ->ArgNames({"tokens", "cold", "threads"})
-    ->Args({32768, 1, 1})
+    ->ArgNames({"tokens", "cold", "threads", "queries"})
+    ->Args({32768, 1, 1, 1})
     ->Unit(benchmark::kMillisecond);
 // Pre-RoPE codes (format v1/v2 caches): keys decoded ahead, RoPE re-applied per key.
 BENCHMARK_CAPTURE(attend_bench, k3v2_pre, std::string("preset=quant-k3v2,rope=pre"))
-    ->ArgNames({"tokens", "cold", "threads"})
-    ->Args({4096, 0, 1})
+    ->ArgNames({"tokens", "cold", "threads", "queries"})
+    ->Args({4096, 0, 1, 1})
     ->Unit(benchmark::kMillisecond);
 
 }  // namespace

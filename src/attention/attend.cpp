@@ -227,7 +227,8 @@ struct Scratch {
   std::vector<float> cs;       // [kSubTile][2·P]: cos row, sin row per token
   std::vector<float> rows;     // [kSubTile][d]: keys or values decoded ahead
   std::vector<float> key_gains, value_gains;  // [kChunkTokens]
-  std::vector<float> weights;  // [kChunkTokens][kMaxGroup]
+  std::vector<float> weights;  // [token][head][kChunkTokens] in the kernels' group layout
+  std::vector<float> acc;      // [token][head][d]: value sums of the chunk
   std::vector<float> upper_cos, upper_sin;
   uint32_t upper = 0xFFFFFFFFu;
 };
@@ -381,6 +382,14 @@ E8KV_FORCE_INLINE void with_rows(Rows rows, F&& f) {
   }
 }
 
+/// Rows [0, n) of register-decoded codes written out as float rows (8·blocks floats each), so
+/// that several query tokens read one decode: Fp32RowDecoder yields exactly the decoder's floats,
+/// so the sums are bit-identical to decoding per token.
+template <class K>
+void decode_tile(Rows kind, const uint8_t* rows, size_t stride, int blocks, int64_t n, float* out) {
+  with_rows<K>(kind, [&](const auto& dec) { K::decode_rows(dec, rows, stride, blocks, n, out); });
+}
+
 // ---- one work item: a chunk of tokens of one request, every head -------------------------------
 
 template <class K>
@@ -403,13 +412,15 @@ void run_chunk_body(ResolvedRequest& r, int64_t chunk, Scratch& s) {
   s.rows.resize(static_cast<size_t>(kSubTile) * d);
   s.key_gains.resize(static_cast<size_t>(kChunkTokens));
   s.value_gains.resize(static_cast<size_t>(kChunkTokens));
-  s.weights.resize(static_cast<size_t>(kChunkTokens) * kMaxGroup);
   auto logits_row = [&](int token, int h, int g) {
     return s.logits.data() + ((static_cast<size_t>(token) * H + h) * G + g) * kChunkTokens;
   };
   const bool key_engine = window || p.key_in_engine_basis;
   const Rows key_rows = window ? Rows::kFp16 : p.key_rows;
   const bool key_ahead = !window && key_rows == Rows::kFp32;
+  // Several query tokens: each sub-tile of codes is decoded once into float rows, then every
+  // token reads those (a decode costs more than the multiply-adds one token spends on a row).
+  const bool share_decode = r.n_tokens > 1;
   const size_t sets = ld.positions.size();
 
   // Scores, a sub-tile of tokens at a time: cos/sin rows once per position set, then every head.
@@ -438,6 +449,13 @@ void run_chunk_body(ResolvedRequest& r, int64_t chunk, Scratch& s) {
           rows = hd.key_codes.data() + static_cast<size_t>(t_begin + s0) * p.key_code_bytes;
           stride = p.key_code_bytes;
         }
+        Rows tile_rows = key_rows;
+        if (share_decode && !window && !key_ahead) {
+          decode_tile<K>(key_rows, rows, stride, blocks, m, s.rows.data());
+          rows = reinterpret_cast<const uint8_t*>(s.rows.data());
+          stride = static_cast<size_t>(d) * 4;
+          tile_rows = Rows::kFp32;
+        }
         const bool scaled_codes = !key_engine;
         if (scaled_codes) {
           const auto gain = hd.key_gains_reader();
@@ -449,7 +467,7 @@ void run_chunk_body(ResolvedRequest& r, int64_t chunk, Scratch& s) {
           for (int g0 = 0; g0 < G;) {
             g0 += with_group(G - g0, [&](auto ng) {
               constexpr int NG = decltype(ng)::value;
-              with_rows<K>(key_rows, [&](const auto& dec) {
+              with_rows<K>(tile_rows, [&](const auto& dec) {
                 K::template dot_rows<NG>(dec, rows, stride, blocks, q + static_cast<size_t>(g0) * d, m, s.dots.data(), kSubTile);
               });
               const bool mean_rows = scaled_codes && p.residual_mean && !hq.A.empty();  // heads without means skip it
@@ -496,42 +514,65 @@ void run_chunk_body(ResolvedRequest& r, int64_t chunk, Scratch& s) {
         K::softmax_row(logits_row(token, h, g), padded, &st[0], &st[1]);
         st[2] = window ? 0.f : st[1];
       }
-      if (m == 0) continue;
+    }
+    if (m == 0) continue;
+    // Weights of every (query token, head), in the kernels' group layout: the group of heads
+    // g0..g0+NG−1 of a token holds w[t·NG + g] at offset (token·G + g0)·m.
+    s.weights.resize(static_cast<size_t>(r.n_tokens) * G * m);
+    for (int token = 0; token < r.n_tokens; ++token)
       for (int g0 = 0; g0 < G;) {
         g0 += with_group(G - g0, [&](auto ng) {
           constexpr int NG = decltype(ng)::value;
+          float* w = s.weights.data() + (static_cast<size_t>(token) * G + g0) * m;
           for (int64_t t = 0; t < m; ++t)
             for (int g = 0; g < NG; ++g) {
               const float pr = logits_row(token, h, g0 + g)[t];
-              s.weights[static_cast<size_t>(t * NG + g)] = value_engine ? pr : pr * s.value_gains[static_cast<size_t>(t)];
+              w[t * NG + g] = value_engine ? pr : pr * s.value_gains[static_cast<size_t>(t)];
             }
-          // Accumulate into a contiguous NG·d block, then copy into the states.
-          float acc[kMaxGroup * 256];
-          std::fill(acc, acc + NG * d, 0.f);
-          for (int64_t t0 = 0; t0 < m; t0 += kSubTile) {
-            const int64_t mm = std::min<int64_t>(kSubTile, m - t0);
-            const uint8_t* rows = nullptr;
-            size_t stride = 0;
-            if (window) {
-              rows = reinterpret_cast<const uint8_t*>(hd.window_values.data() + static_cast<size_t>(t_begin + t0) * d);
-              stride = static_cast<size_t>(d) * 2;
-            } else if (value_ahead) {
-              decode_values_ahead(p, h, t_begin + t0, mm, s.rows.data());
-              rows = reinterpret_cast<const uint8_t*>(s.rows.data());
-              stride = static_cast<size_t>(d) * 4;
-            } else {
-              rows = hd.value_codes.data() + static_cast<size_t>(t_begin + t0) * p.value_code_bytes;
-              stride = p.value_code_bytes;
-            }
-            with_rows<K>(value_rows, [&](const auto& dec) {
-              K::template accumulate_rows<NG>(dec, rows, stride, blocks, s.weights.data() + static_cast<size_t>(t0) * NG, mm, acc);
-            });
-          }
-          for (int g = 0; g < NG; ++g)
-            std::copy(acc + g * d, acc + (g + 1) * d, r.state(chunk, token, h, g0 + g) + 3);
         });
       }
+    // Sums of every (token, head) into contiguous d-float rows, a sub-tile of stored tokens at a
+    // time; each sub-tile's rows are decoded once for all query tokens.
+    s.acc.assign(static_cast<size_t>(r.n_tokens) * G * d, 0.f);
+    for (int64_t t0 = 0; t0 < m; t0 += kSubTile) {
+      const int64_t mm = std::min<int64_t>(kSubTile, m - t0);
+      const uint8_t* rows = nullptr;
+      size_t stride = 0;
+      Rows tile_rows = value_rows;
+      if (window) {
+        rows = reinterpret_cast<const uint8_t*>(hd.window_values.data() + static_cast<size_t>(t_begin + t0) * d);
+        stride = static_cast<size_t>(d) * 2;
+      } else if (value_ahead) {
+        decode_values_ahead(p, h, t_begin + t0, mm, s.rows.data());
+        rows = reinterpret_cast<const uint8_t*>(s.rows.data());
+        stride = static_cast<size_t>(d) * 4;
+      } else {
+        rows = hd.value_codes.data() + static_cast<size_t>(t_begin + t0) * p.value_code_bytes;
+        stride = p.value_code_bytes;
+        if (share_decode) {
+          decode_tile<K>(value_rows, rows, stride, blocks, mm, s.rows.data());
+          rows = reinterpret_cast<const uint8_t*>(s.rows.data());
+          stride = static_cast<size_t>(d) * 4;
+          tile_rows = Rows::kFp32;
+        }
+      }
+      for (int token = 0; token < r.n_tokens; ++token)
+        for (int g0 = 0; g0 < G;) {
+          g0 += with_group(G - g0, [&](auto ng) {
+            constexpr int NG = decltype(ng)::value;
+            const size_t group = static_cast<size_t>(token) * G + g0;
+            with_rows<K>(tile_rows, [&](const auto& dec) {
+              K::template accumulate_rows<NG>(dec, rows, stride, blocks, s.weights.data() + group * m + static_cast<size_t>(t0) * NG,
+                                              mm, s.acc.data() + group * d);
+            });
+          });
+        }
     }
+    for (int token = 0; token < r.n_tokens; ++token)
+      for (int g = 0; g < G; ++g) {
+        const float* a = s.acc.data() + (static_cast<size_t>(token) * G + g) * d;
+        std::copy(a, a + d, r.state(chunk, token, h, g) + 3);
+      }
   }
 }
 
