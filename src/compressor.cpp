@@ -251,24 +251,15 @@ void KVCompressor::extend(CompressedKV& cache, const SequenceKV& chunk, const st
     require(t == 0 || pos[static_cast<size_t>(t)] > pos[static_cast<size_t>(t - 1)],
             "compress: positions must be strictly increasing");
   }
-  select::ScorerOptions so;
-  so.kind = config_.scorer;
-  so.window = config_.obs_window;
-  so.pool_kernel = config_.pool_kernel;
-  so.gqa = config_.gqa_aggregation;
-  so.seed = config_.scorer_seed;
+  const select::ScorerOptions so = config_.scorer_options();
   const bool evict = config_.eviction_rate > 0.0 && n > 0;
   const int64_t tier = select::tier_count(n, config_.fp16_tier);  // fp16-tier tokens per kept set
   const bool score = evict || tier > 0;
   // The sequence's first `sinks` tokens are always kept (eviction) and, with fp16_sinks, pinned
   // in fp16, whichever call brings them.
   auto eviction_options = [&](int64_t before) {
-    select::EvictionOptions eo;
-    eo.rate = config_.eviction_rate;
+    select::EvictionOptions eo = config_.eviction_options();
     eo.sinks = static_cast<int>(std::clamp<int64_t>(config_.sinks - before, 0, n));
-    eo.recent = config_.recent_window;
-    eo.per_head = config_.per_head_selection;
-    eo.head_aggregation = config_.head_aggregation;
     return eo;
   };
 

@@ -188,4 +188,24 @@ CacheLayout make_layout(const Config& config, const ModelShape& shape) {
   return L;
 }
 
+select::ScorerOptions Config::scorer_options() const {
+  select::ScorerOptions o;
+  o.kind = scorer;
+  o.window = obs_window;
+  o.pool_kernel = pool_kernel;
+  o.gqa = gqa_aggregation;
+  o.seed = scorer_seed;
+  return o;
+}
+
+select::EvictionOptions Config::eviction_options() const {
+  select::EvictionOptions o;
+  o.rate = eviction_rate;
+  o.sinks = sinks;
+  o.recent = recent_window;
+  o.per_head = per_head_selection;
+  o.head_aggregation = head_aggregation;
+  return o;
+}
+
 }  // namespace e8kv

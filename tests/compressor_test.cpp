@@ -667,10 +667,7 @@ TEST(Compressor, ExtendNeverRequantizesEarlierTokens) {
   EXPECT_TRUE(std::equal(before.begin(), before.end(), after.begin()));
   EXPECT_EQ(cache.original_tokens(), spec.tokens);
   // Only the new chunk is evicted from: kept = kept(first) + kept(second).
-  select::EvictionOptions eo;
-  eo.rate = cfg.eviction_rate;
-  eo.sinks = cfg.sinks;
-  eo.recent = cfg.recent_window;
+  select::EvictionOptions eo = cfg.eviction_options();
   const int64_t k1 = select::kept_count(m, eo);
   eo.sinks = 0;
   EXPECT_EQ(cache.stored_tokens(0), k1 + select::kept_count(spec.tokens - m, eo));
@@ -684,12 +681,7 @@ std::vector<std::vector<double>> normalized_layer_scores(const SequenceKV& chunk
   const int64_t n = chunk.tokens();
   std::vector<int32_t> pos(static_cast<size_t>(n));
   for (int64_t t = 0; t < n; ++t) pos[static_cast<size_t>(t)] = chunk.position(t);
-  select::ScorerOptions so;
-  so.kind = cfg.scorer;
-  so.window = cfg.obs_window;
-  so.pool_kernel = cfg.pool_kernel;
-  so.gqa = cfg.gqa_aggregation;
-  so.seed = cfg.scorer_seed;
+  const select::ScorerOptions so = cfg.scorer_options();
   std::vector<std::vector<double>> out;
   for (size_t l = 0; l < chunk.layers.size(); ++l) {
     const auto per_token = select::aggregate_heads(
@@ -718,10 +710,8 @@ std::vector<int32_t> shared_reference(const SequenceKV& chunk, const std::vector
   std::vector<float> avg(static_cast<size_t>(n));
   for (int64_t t = 0; t < n; ++t)
     avg[static_cast<size_t>(t)] = static_cast<float>(mean[static_cast<size_t>(t)] / chunk.layers.size());
-  select::EvictionOptions eo;
-  eo.rate = cfg.eviction_rate;
+  select::EvictionOptions eo = cfg.eviction_options();
   eo.sinks = static_cast<int>(std::clamp<int64_t>(cfg.sinks - before, 0, n));
-  eo.recent = cfg.recent_window;
   std::vector<int32_t> kept;
   for (int64_t t : select::select_tokens(avg, eo)) kept.push_back(pos[static_cast<size_t>(t)]);
   return kept;
@@ -744,10 +734,7 @@ TEST(Compressor, SharedSelectionKeepsOneSetForEveryLayer) {
     KVCompressor c(f.shape, cfg);
     const auto cache = c.compress(f.seq, &f.queries);
     const auto want = shared_reference(f.seq, f.queries, cfg, 0, cache.layout().effective_softmax_scale());
-    select::EvictionOptions eo;
-    eo.rate = cfg.eviction_rate;
-    eo.sinks = cfg.sinks;
-    eo.recent = cfg.recent_window;
+    const select::EvictionOptions eo = cfg.eviction_options();
     ASSERT_EQ(static_cast<int64_t>(want.size()), select::kept_count(n, eo));
     ASSERT_LT(static_cast<int64_t>(want.size()), n);
     for (int s = 0; s < cfg.sinks; ++s) EXPECT_EQ(want[static_cast<size_t>(s)], s);
@@ -808,10 +795,7 @@ TEST(Compressor, EvictionSpreadOverLayersEvictsTheLowestSharesOfAllLayers) {
       if (a.layer != b.layer) return a.layer < b.layer;
       return a.token > b.token;  // of equal scores a layer keeps the earlier token
     });
-    select::EvictionOptions eo;
-    eo.rate = cfg.eviction_rate;
-    eo.sinks = cfg.sinks;
-    eo.recent = cfg.recent_window;
+    const select::EvictionOptions eo = cfg.eviction_options();
     const int64_t per_layer = n - select::kept_count(n, eo);
     ASSERT_GT(per_layer, 0);
     std::vector<std::vector<char>> evicted(static_cast<size_t>(spec.n_layers), std::vector<char>(static_cast<size_t>(n), 0));
@@ -934,15 +918,8 @@ TEST(Compressor, Fp16TierPinsTheTopScoredTokensInFp16) {
     const CompressedKV cache = c.compress(f.seq, &f.queries);
     std::vector<int32_t> pos(static_cast<size_t>(n));
     for (int64_t t = 0; t < n; ++t) pos[static_cast<size_t>(t)] = static_cast<int32_t>(t);
-    select::ScorerOptions so;
-    so.kind = cfg.scorer;
-    so.window = cfg.obs_window;
-    so.pool_kernel = cfg.pool_kernel;
-    select::EvictionOptions eo;
-    eo.rate = cfg.eviction_rate;
-    eo.sinks = cfg.sinks;
-    eo.recent = cfg.recent_window;
-    eo.per_head = cfg.per_head_selection;
+    const select::ScorerOptions so = cfg.scorer_options();
+    const select::EvictionOptions eo = cfg.eviction_options();
     std::vector<int32_t> shared_pins;
     for (int l = 0; l < spec.n_layers; ++l) {
       const auto& ld = cache.layer(l);

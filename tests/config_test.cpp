@@ -365,3 +365,36 @@ TEST(ConfigValidate, UnknownEnumIdsAreRejected) {
 }
 
 }  // namespace
+
+// The scorer and eviction settings compress() derives from a Config: every field maps, and
+// evict_count stays -1 (the rate decides).
+TEST(ConfigOptions, ScorerAndEvictionOptionsCarryEveryField) {
+  const Config c = Config::parse(
+      "preset=quant-k3v2,scorer=key-key,window=17,pool=5,gqa=max,scorer_seed=99,evict=0.3,sinks=6,recent=40,"
+      "per_head=1,head_agg=max");
+  const select::ScorerOptions so = c.scorer_options();
+  EXPECT_EQ(so.kind, select::ScorerKind::kKeyKeyProxy);
+  EXPECT_EQ(so.window, 17);
+  EXPECT_EQ(so.pool_kernel, 5);
+  EXPECT_EQ(so.gqa, select::Aggregation::kMax);
+  EXPECT_EQ(so.seed, 99u);
+  const select::EvictionOptions eo = c.eviction_options();
+  EXPECT_EQ(eo.rate, 0.3);
+  EXPECT_EQ(eo.sinks, 6);
+  EXPECT_EQ(eo.recent, 40);
+  EXPECT_TRUE(eo.per_head);
+  EXPECT_EQ(eo.head_aggregation, select::Aggregation::kMax);
+  EXPECT_EQ(eo.evict_count, -1);
+  // The defaults map to the option structs' own defaults.
+  const Config d;
+  const select::ScorerOptions ds = d.scorer_options();
+  const select::ScorerOptions s0;
+  EXPECT_EQ(ds.kind, s0.kind);
+  EXPECT_EQ(ds.window, s0.window);
+  EXPECT_EQ(ds.pool_kernel, s0.pool_kernel);
+  EXPECT_EQ(ds.gqa, s0.gqa);
+  const select::EvictionOptions de = d.eviction_options();
+  EXPECT_EQ(de.sinks, d.sinks);
+  EXPECT_EQ(de.recent, d.recent_window);
+  EXPECT_FALSE(de.per_head);
+}

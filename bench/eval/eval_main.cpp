@@ -179,19 +179,14 @@ void print_evicted_score_share(const llama::PrefillCapture& cap, const llama::Mo
     std::vector<int32_t> qpos(static_cast<size_t>(W));
     for (int64_t w = 0; w < W; ++w) qpos[static_cast<size_t>(w)] = static_cast<int32_t>(n - W + w);
     const LayerQueries lq{TensorView::nhd(q.data(), DType::kF32, W, mc.n_heads, d), qpos.data()};
-    select::ScorerOptions so;
-    so.window = dflt.obs_window;
-    so.pool_kernel = dflt.pool_kernel;
-    so.gqa = dflt.gqa_aggregation;
+    const select::ScorerOptions so = dflt.scorer_options();
     const auto scores = select::score_layer(TensorView::nhd(cap.k[static_cast<size_t>(l)].data(), DType::kF32, n, H, d),
                                             pos.data(), &lq, so);
     const std::vector<float> agg = select::aggregate_heads(scores, dflt.head_aggregation);
     const double total = std::accumulate(agg.begin(), agg.end(), 0.0);
     for (int r = 0; r < 2; ++r) {
-      select::EvictionOptions eo;  // what compress keeps at this rate (one set per layer)
+      select::EvictionOptions eo = dflt.eviction_options();  // what compress keeps at this rate (one set per layer)
       eo.rate = rates[r];
-      eo.sinks = dflt.sinks;
-      eo.recent = dflt.recent_window;
       double kept = 0;
       for (int64_t t : select::select_tokens(agg, eo)) kept += agg[static_cast<size_t>(t)];
       const double share = total > 0 ? (total - kept) / total : 0.0;

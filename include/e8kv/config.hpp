@@ -10,6 +10,7 @@
 #include "e8kv/cache/cache_layout.hpp"
 #include "e8kv/quant/codec_basics.hpp"
 #include "e8kv/quant/codec_id.hpp"
+#include "e8kv/select/eviction.hpp"
 #include "e8kv/select/scorer.hpp"
 #include "e8kv/transform/rope_params.hpp"
 
@@ -138,6 +139,12 @@ struct Config {
   /// Every field as a spec string: parse(describe()) reproduces the Config field by field
   /// (floats bit for bit).
   std::string describe() const;
+  /// The token scorer compress() runs: scorer, obs_window, pool_kernel, gqa_aggregation,
+  /// scorer_seed.
+  select::ScorerOptions scorer_options() const;
+  /// The eviction compress() applies to a prefill: eviction_rate, sinks, recent_window,
+  /// per_head_selection, head_aggregation (evict_count stays −1: rate decides).
+  select::EvictionOptions eviction_options() const;
 };
 
 /// The CacheLayout of caches made with `config` for a model of `shape` (validates both first):
