@@ -314,14 +314,17 @@ void KVCompressor::extend(CompressedKV& cache, const SequenceKV& chunk, const st
   }
 
   // Plan every layer (validation, selection, fp16 rounding, the codes of every flush) before the
-  // cache changes: a failure in any layer leaves the cache exactly as it was.
+  // cache changes: a failure in any layer leaves the cache exactly as it was. The scoring pass
+  // of shared selection and of the spread has checked every layer's keys already.
+  const bool keys_checked = (config_.shared_selection && score) || spread;
   std::vector<std::unique_ptr<detail::LayerWrite>> writes(static_cast<size_t>(shape_.n_layers));
   run_tasks(executor, shape_.n_layers, [&](int64_t li) {
     const int l = static_cast<int>(li);
     const LayerKV& kv = chunk.layers[static_cast<size_t>(l)];
-    check_layer_view(kv.keys, shape_, n, "keys", l);
+    if (!keys_checked) check_layer_view(kv.keys, shape_, n, "keys", l);
     check_layer_view(kv.values, shape_, n, "values", l);
-    require_finite_layer(kv.keys, "keys", l);  // evicted tokens too: bad input is an error, never dropped
+    // Evicted tokens too: bad input is an error, never dropped.
+    if (!keys_checked) require_finite_layer(kv.keys, "keys", l);
     require_finite_layer(kv.values, "values", l);
     const auto& ld = cache.layer(l);
     if (n > 0) {

@@ -541,8 +541,9 @@ TEST(Compressor, FailedCallsLeaveTheCacheUnchanged) {
   spec.tokens = 200;
   Fixture f(spec);
   const int H = spec.n_kv_heads, d = spec.head_dim;
-  for (const char* preset : {"quant-k3v2", "high"}) {
-    KVCompressor c(f.shape, Config::preset(preset));
+  // Shared selection and the spread over layers check the keys in their scoring pass only.
+  for (const char* preset : {"quant-k3v2", "high", "high,shared=1", "high,evict_layers=1"}) {
+    KVCompressor c(f.shape, Config::parse(std::string("preset=") + preset));
     SequenceKV first, second;
     for (const auto& kv : f.seq.layers) {
       first.layers.push_back({kv.keys.token_slice(0, 120), kv.values.token_slice(0, 120)});
@@ -558,6 +559,13 @@ TEST(Compressor, FailedCallsLeaveTheCacheUnchanged) {
     SequenceKV poisoned = second;
     poisoned.layers[2].values = TensorView::nhd(bad.data(), DType::kF32, spec.tokens, H, d).token_slice(120, 80);
     EXPECT_THROW(c.extend(cache, poisoned, &f.queries), Error);
+    EXPECT_EQ(entropy::serialize(cache), before) << preset;
+    // A NaN in the last layer's keys.
+    std::vector<float> bad_keys(f.data.keys[2]);
+    bad_keys[static_cast<size_t>(170) * H * d + 5] = std::numeric_limits<float>::quiet_NaN();
+    SequenceKV poisoned_keys = second;
+    poisoned_keys.layers[2].keys = TensorView::nhd(bad_keys.data(), DType::kF32, spec.tokens, H, d).token_slice(120, 80);
+    EXPECT_THROW(c.extend(cache, poisoned_keys, &f.queries), Error) << preset;
     EXPECT_EQ(entropy::serialize(cache), before) << preset;
     // A shape error in the last layer.
     SequenceKV short_layer = second;
