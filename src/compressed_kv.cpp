@@ -10,6 +10,7 @@
 #include <string>
 
 #include "detail/finite.hpp"
+#include "detail/fp16_batch.hpp"
 #include "detail/require.hpp"
 #include "e8kv/error.hpp"
 #include "e8kv/numeric/dot.hpp"
@@ -188,7 +189,7 @@ void CacheCodecs::encode(int layer, int head, KvKind kind, size_t n, const uint1
     using Code = decltype(code);
     float x[quant::kMaxCodecHeadDim];
     for (size_t t = 0; t < n; ++t) {
-      fp16_bits_to_floats(rows + t * d, x, static_cast<size_t>(d));
+      detail::fp16_bits_to_floats_batch(rows + t * d, x, static_cast<size_t>(d));
       uint8_t* c = codes + t * cb;
       if (keys) {
         if (frame != transform::KeyFrame::kPostRope && positions[t] < 0)

@@ -10,6 +10,7 @@
 #include <string>
 #include <utility>
 
+#include "detail/fp16_batch.hpp"
 #include "detail/finite.hpp"
 #include "detail/require.hpp"
 #include "layer_write.hpp"
@@ -40,7 +41,7 @@ void load_fp16_rounded(const TensorView& v, int64_t t, int64_t h, uint16_t* dst,
     src = static_cast<const float*>(v.data()) + t * v.token_stride() + h * v.head_stride();
   else
     v.load(t, h, buf);
-  floats_to_fp16_bits(src, dst, d);
+  detail::floats_to_fp16_bits_batch(src, dst, d);
   uint32_t special = 0;
   for (size_t i = 0; i < d; ++i) special |= static_cast<uint32_t>((dst[i] & 0x7C00u) == 0x7C00u);
   if (special == 0) return;

@@ -22,6 +22,7 @@
 #include <cstring>
 #include <string>
 
+#include "detail/fp16_batch.hpp"
 #include "e8kv/cache/cache_codecs.hpp"
 #include "e8kv/error.hpp"
 #include "e8kv/numeric/half.hpp"
@@ -203,8 +204,8 @@ LayerWrite::LayerWrite(const CompressedKV& cache, int layer, LayerInput input) :
         std::vector<double> km(static_cast<size_t>(d), 0.0), vm(static_cast<size_t>(d), 0.0);
         std::vector<float> k(static_cast<size_t>(d)), v(static_cast<size_t>(d));
         for (int64_t t = p; t < p + m; ++t) {
-          fp16_bits_to_floats(key_row(t), k.data(), static_cast<size_t>(d));
-          fp16_bits_to_floats(value_row(t), v.data(), static_cast<size_t>(d));
+          detail::fp16_bits_to_floats_batch(key_row(t), k.data(), static_cast<size_t>(d));
+          detail::fp16_bits_to_floats_batch(value_row(t), v.data(), static_cast<size_t>(d));
           if (L.key_frame != transform::KeyFrame::kPostRope) codecs.remove_rope_fast(k.data(), position_at(t));
           for (int i = 0; i < d; ++i) {
             km[static_cast<size_t>(i)] += k[static_cast<size_t>(i)];
@@ -224,7 +225,7 @@ LayerWrite::LayerWrite(const CompressedKV& cache, int layer, LayerInput input) :
           std::vector<double> e(static_cast<size_t>(d), 0.0);
           std::vector<float> mu(static_cast<size_t>(d));
           for (int64_t t = p; t < p + m; ++t) {
-            fp16_bits_to_floats(key_row(t), k.data(), static_cast<size_t>(d));
+            detail::fp16_bits_to_floats_batch(key_row(t), k.data(), static_cast<size_t>(d));
             mu = key_mean;
             if (L.key_frame != transform::KeyFrame::kPostRope) codecs.apply_rope_fast(mu.data(), position_at(t));
             for (int i = 0; i < d; ++i) {
