@@ -1,7 +1,8 @@
 // Decode attention on one CPU core: e8kv::attend reading the codes, beside the strongest plain
 // dense attention we can write over the same tokens, in the same run.
 //
-// Shape: one layer of a 7B-class model, 8 KV heads × 128, 32 query heads (GQA 4), one query token.
+// Shape: one layer of a 7B-class model, 8 KV heads × 128, 32 query heads (GQA 4), one query token
+// (the "queries:4" rows: four per call, as a speculative-decoding verify step sends).
 // Dense baselines (the alternative an engine has): K/V as plain fp16 (or fp32) rows in the NHD
 // layout engines use, token-outer, each K/V row read once for its 4 query heads, fused
 // multiply-adds and F16C conversion, chunks of 512 tokens with their softmax states merged — the

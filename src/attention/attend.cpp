@@ -693,7 +693,9 @@ void attend_batch(const std::vector<AttendRequest>& requests, const AttendOption
     std::lock_guard<std::mutex> lock(slots_mutex);
     free_slots.push_back(std::move(s));
   });
-  for (auto& r : resolved) finish_request(r);
+  // Requests finish independently (each merges its own states in chunk order): in parallel.
+  run_tasks(options.executor, static_cast<int64_t>(resolved.size()),
+            [&](int64_t i) { finish_request(resolved[static_cast<size_t>(i)]); });
 }
 
 void attend(const CompressedKV& cache, int layer, const float* q, float* out, float* lse, const AttendOptions& options) {
