@@ -1,6 +1,9 @@
 // Batch fp16 conversions with an F16C twin (fp16_batch.hpp).
 #include "detail/fp16_batch.hpp"
 
+#include <cstring>
+
+#include "detail/simd.hpp"
 #include "e8kv/numeric/cpu_features.hpp"
 #include "e8kv/numeric/half.hpp"
 
@@ -19,10 +22,13 @@ __attribute__((target("avx2,f16c"))) void floats_to_fp16_f16c(const float* in, u
                      _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   floats_to_fp16_bits(in + i, out + i, n - i);
 }
-__attribute__((target("avx2,f16c"))) void fp16_to_floats_f16c(const uint16_t* in, float* out, size_t n) {
+// The read-back is the attention kernels' own eight-lane conversion (simd::IsaAvx2Fma::half8).
+__attribute__((target("avx2,fma,f16c"))) void fp16_to_floats_f16c(const uint16_t* in, float* out, size_t n) {
   size_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i))));
+  for (; i + 8 <= n; i += 8) {
+    const simd::f32x8 v = simd::IsaAvx2Fma::half8(in + i);
+    std::memcpy(out + i, &v, sizeof v);
+  }
   fp16_bits_to_floats(in + i, out + i, n - i);
 }
 }  // namespace
