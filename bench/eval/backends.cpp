@@ -69,6 +69,71 @@ double relaxed_entropy(const std::vector<int16_t>& codes) {
 }
 }  // namespace
 
+void dense_attention_lse(const float* k, const float* v, int64_t n, int n_kv_heads, int n_q_heads, int head_dim,
+                         const float* q, float scale, float* out, float* lse) {
+  const int G = n_q_heads / n_kv_heads;
+  std::vector<double> s(static_cast<size_t>(n));
+  for (int qh = 0; qh < n_q_heads; ++qh) {
+    const int h = qh / G;
+    const float* qq = q + static_cast<size_t>(qh) * head_dim;
+    float* o = out + static_cast<size_t>(qh) * head_dim;
+    std::fill(o, o + head_dim, 0.f);
+    if (n == 0) {
+      lse[qh] = -std::numeric_limits<float>::infinity();
+      continue;
+    }
+    double m = -std::numeric_limits<double>::infinity();
+    for (int64_t t = 0; t < n; ++t) {
+      const float* kr = k + (static_cast<size_t>(t) * n_kv_heads + h) * head_dim;
+      double dot = 0;
+      for (int i = 0; i < head_dim; ++i) dot += static_cast<double>(qq[i]) * kr[i];
+      s[static_cast<size_t>(t)] = dot * scale;
+      m = std::max(m, s[static_cast<size_t>(t)]);
+    }
+    double z = 0;
+    for (int64_t t = 0; t < n; ++t) z += (s[static_cast<size_t>(t)] = std::exp(s[static_cast<size_t>(t)] - m));
+    std::vector<double> acc(static_cast<size_t>(head_dim), 0.0);
+    for (int64_t t = 0; t < n; ++t) {
+      const float* vr = v + (static_cast<size_t>(t) * n_kv_heads + h) * head_dim;
+      const double p = s[static_cast<size_t>(t)] / z;
+      for (int i = 0; i < head_dim; ++i) acc[static_cast<size_t>(i)] += p * vr[i];
+    }
+    for (int i = 0; i < head_dim; ++i) o[i] = static_cast<float>(acc[static_cast<size_t>(i)]);
+    lse[qh] = static_cast<float>(m + std::log(z));
+  }
+}
+
+void E8kvBackend::append(int layer, const float* k, const float* v, int64_t position) {
+  if (!at_rest_) {
+    c_.append(cache_, layer, k, v, static_cast<int32_t>(position));
+    return;
+  }
+  const size_t row = static_cast<size_t>(H_) * d_;
+  auto& tk = tail_k_[static_cast<size_t>(layer)];
+  auto& tv = tail_v_[static_cast<size_t>(layer)];
+  tk.insert(tk.end(), k, k + row);
+  tv.insert(tv.end(), v, v + row);
+}
+
+void E8kvBackend::attend(int layer, const float* q, int64_t position, float* out) {
+  const auto& tk = tail_k_[static_cast<size_t>(layer)];
+  if (!at_rest_ || tk.empty()) {
+    c_.attend(cache_, layer, q, static_cast<int32_t>(position), out);
+    return;
+  }
+  const size_t n = static_cast<size_t>(Q_) * d_;
+  o_codes_.resize(n);
+  o_tail_.resize(n);
+  lse_codes_.resize(static_cast<size_t>(Q_));
+  lse_tail_.resize(static_cast<size_t>(Q_));
+  e8kv::attend(cache_, layer, q, o_codes_.data(), lse_codes_.data());
+  const float scale = cache_.layout().effective_softmax_scale();
+  dense_attention_lse(tk.data(), tail_v_[static_cast<size_t>(layer)].data(),
+                      static_cast<int64_t>(tk.size() / (static_cast<size_t>(H_) * d_)), H_, Q_, d_, q, scale,
+                      o_tail_.data(), lse_tail_.data());
+  merge_attention(o_codes_.data(), lse_codes_.data(), o_tail_.data(), lse_tail_.data(), Q_, d_, out, lse_codes_.data());
+}
+
 PeerBackend::PeerBackend(PeerKind kind, const llama::ModelConfig& mc, const llama::PrefillCapture& capture)
     : kind_(kind), L_(mc.n_layers), H_(mc.n_kv_heads), Q_(mc.n_heads), d_(mc.head_dim),
       n_(static_cast<size_t>(L_), 0), k_(static_cast<size_t>(L_) * H_), v_(static_cast<size_t>(L_) * H_),
@@ -88,7 +153,8 @@ void PeerBackend::append(int layer, const float* k, const float* v, int64_t /*po
     std::copy(k + h * d_, k + (h + 1) * d_, kb);
     std::copy(v + h * d_, v + (h + 1) * d_, vb);
     const auto& rot = rot_[at(layer, h)];
-    switch (kind_) {
+    // At rest (after stop_quantizing) every peer keeps appended rows as given.
+    if (quantize_appended_) switch (kind_) {
       case PeerKind::kQ8_0Rotated:
       case PeerKind::kQ4_0Rotated:
         llama_cpp_roundtrip(rot, kind_ == PeerKind::kQ4_0Rotated, d_, kb);
@@ -109,7 +175,7 @@ void PeerBackend::append(int layer, const float* k, const float* v, int64_t /*po
     V.insert(V.end(), vb, vb + d_);
   }
   ++n_[static_cast<size_t>(layer)];
-  if (kivi()) kivi_flush(layer);
+  if (kivi() && quantize_appended_) kivi_flush(layer);
 }
 
 // KIVI: values leave the fp16 window one token at a time (per-token groups); keys in whole groups

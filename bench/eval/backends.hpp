@@ -29,11 +29,22 @@ class MeasuredBackend : public llama::KvBackend {
   virtual std::string rate_note() const { return ""; }
 };
 
-/// e8kv: KVCompressor + CompressedKV; append and attend go through the codes.
+/// Attention of one query token over n dense rows [n, n_kv_heads, head_dim] (GQA: query head qh
+/// reads KV head qh / (n_q_heads / n_kv_heads)), with the natural-log sum of exp(scale·q·k) per
+/// query head (lse; −inf and out = 0 when n is 0), to merge with another key set.
+void dense_attention_lse(const float* k, const float* v, int64_t n, int n_kv_heads, int n_q_heads, int head_dim,
+                         const float* q, float scale, float* out, float* lse);
+
+/// e8kv: KVCompressor + CompressedKV; append and attend go through the codes. At rest
+/// (`at_rest`): only the prefill is compressed; appended tokens stay dense float rows beside the
+/// cache, and attention merges e8kv's attention over the codes with the dense rows' (both with
+/// their lse): the protocol of a cache compressed once and continued (bench/peers/peers.py).
 class E8kvBackend : public MeasuredBackend {
  public:
-  E8kvBackend(const KVCompressor& compressor, const llama::PrefillCapture& capture, const llama::ModelConfig& mc)
-      : c_(compressor) {
+  E8kvBackend(const KVCompressor& compressor, const llama::PrefillCapture& capture, const llama::ModelConfig& mc,
+              bool at_rest = false)
+      : c_(compressor), at_rest_(at_rest), H_(mc.n_kv_heads), Q_(mc.n_heads), d_(mc.head_dim),
+        tail_k_(static_cast<size_t>(mc.n_layers)), tail_v_(static_cast<size_t>(mc.n_layers)) {
     const int64_t n = capture.n_tokens;
     const int H = mc.n_kv_heads, Q = mc.n_heads, d = mc.head_dim;
     SequenceKV seq;
@@ -46,12 +57,9 @@ class E8kvBackend : public MeasuredBackend {
     }
     cache_ = c_.compress(seq, &queries);
   }
-  void append(int layer, const float* k, const float* v, int64_t position) override {
-    c_.append(cache_, layer, k, v, static_cast<int32_t>(position));
-  }
-  void attend(int layer, const float* q, int64_t position, float* out) override {
-    c_.attend(cache_, layer, q, static_cast<int32_t>(position), out);
-  }
+  void append(int layer, const float* k, const float* v, int64_t position) override;
+  void attend(int layer, const float* q, int64_t position, float* out) override;
+  /// The compressed cache's bytes (at rest: the prefill's; the dense rows are not stored).
   double bytes() const override { return static_cast<double>(cache_.bytes()); }
   int64_t original_tokens() const override { return cache_.original_tokens(); }
   const CompressedKV& cache() const { return cache_; }
@@ -59,6 +67,10 @@ class E8kvBackend : public MeasuredBackend {
  private:
   const KVCompressor& c_;
   CompressedKV cache_;
+  bool at_rest_;
+  int H_, Q_, d_;
+  std::vector<std::vector<float>> tail_k_, tail_v_;  // at rest: per layer [tokens, H, d]
+  std::vector<float> o_codes_, lse_codes_, o_tail_, lse_tail_;
 };
 
 enum class PeerKind { kQ8_0Rotated, kQ4_0Rotated, kKivi2, kKivi4, kRelaxedK3V2, kRelaxedK2V2 };
@@ -78,6 +90,8 @@ class PeerBackend : public MeasuredBackend {
 
   void append(int layer, const float* k, const float* v, int64_t position) override;
   void attend(int layer, const float* q, int64_t position, float* out) override;
+  /// At rest: tokens appended from now on are kept as given (not quantized, not flushed).
+  void stop_quantizing() { quantize_appended_ = false; }
   double bytes() const override;
   int64_t original_tokens() const override { return n_[0]; }
   std::string rate_note() const override;
@@ -89,6 +103,7 @@ class PeerBackend : public MeasuredBackend {
 
   PeerKind kind_;
   int L_, H_, Q_, d_;
+  bool quantize_appended_ = true;
   std::vector<transform::RandomizedHadamard> rot_;  // per (layer, head)
   std::vector<int64_t> n_;                           // tokens per layer
   std::vector<std::vector<float>> k_, v_;            // per (layer, head): [tokens][d] as attention sees them

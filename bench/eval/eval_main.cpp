@@ -8,6 +8,8 @@
 // configuration: continuation perplexity and its Δ% vs fp16 (paired per chunk, 95 % CI), mean
 // KL(fp16 ‖ config) of next-token distributions, top-1 agreement, honest bits per element and
 // compression ratio of the cache at the end of the chunk, and needle-in-a-haystack recall.
+// --at-rest switches to the peer harness's protocol (bench/peers/peers.py): only the prefill is
+// compressed, the continuation tokens stay dense, and the rate is the prefill's.
 //
 // --check FILE is the quality regression check CI runs (ctest eval_quality_check, label model):
 // FILE (bench/eval/quality_bounds.txt) gives a small setting and, per configuration, an upper
@@ -51,6 +53,11 @@ struct Options {
   std::vector<double> niah_depths = {0.1, 0.3, 0.5, 0.7, 0.9};  // --quick: 0.1, 0.5, 0.9
   std::string csv, md, dump_kv, only, check;
   bool portable = false;  // the model's forward pass without its AVX2/FMA kernels
+  // --at-rest: only the prefill is compressed (peers: quantized); the continuation tokens stay
+  // dense float rows beside it (e8kv: attention over the codes merged by lse with the dense
+  // rows'). The peer harness's protocol (bench/peers/peers.py); bits are counted at the end of
+  // the prefill. The needle test keeps the default protocol.
+  bool at_rest = false;
   std::vector<std::pair<std::string, std::string>> extra;  // --config NAME=SPEC
   uint64_t seed = 1234;
 };
@@ -144,9 +151,14 @@ void log_softmax(const float* logits, int n, std::vector<double>& out) {
 int argmax(const float* x, int n) { return static_cast<int>(std::max_element(x, x + n) - x); }
 
 std::unique_ptr<eval::MeasuredBackend> make_backend(const ConfigSpec& c, const KVCompressor* comp,
-                                                    const llama::PrefillCapture& cap, const llama::ModelConfig& mc) {
-  if (c.is_peer) return std::make_unique<eval::PeerBackend>(c.peer, mc, cap);
-  return std::make_unique<eval::E8kvBackend>(*comp, cap, mc);
+                                                    const llama::PrefillCapture& cap, const llama::ModelConfig& mc,
+                                                    bool at_rest = false) {
+  if (c.is_peer) {
+    auto peer = std::make_unique<eval::PeerBackend>(c.peer, mc, cap);
+    if (at_rest) peer->stop_quantizing();
+    return peer;
+  }
+  return std::make_unique<eval::E8kvBackend>(*comp, cap, mc, at_rest);
 }
 
 double elements_of(const llama::ModelConfig& mc, int64_t tokens) {
@@ -247,8 +259,16 @@ void run_chunks(const Options& o, const llama::Model& model, const std::vector<s
     std::vector<std::unique_ptr<eval::MeasuredBackend>> backends;
     for (size_t i = 0; i < cfgs.size(); ++i) {
       prog.show("chunk " + std::to_string(chunk + 1) + " compress", double(i) / cfgs.size());
-      backends.push_back(make_backend(cfgs[i], comps[i].get(), cap, mc));
+      backends.push_back(make_backend(cfgs[i], comps[i].get(), cap, mc, o.at_rest));
     }
+    // The rate of what is stored: at rest the prefill's cache (the continuation is not stored
+    // coded), otherwise the cache at the end of the chunk.
+    std::vector<double> chunk_bits(cfgs.size());
+    auto measure_bits = [&] {
+      for (size_t i = 0; i < cfgs.size(); ++i)
+        chunk_bits[i] = 8.0 * backends[i]->bytes() / elements_of(mc, backends[i]->original_tokens());
+    };
+    if (o.at_rest) measure_bits();
     std::vector<llama::KvBackend*> ptrs;
     for (auto& b : backends) ptrs.push_back(b.get());
     if (o.verbose) print_evicted_score_share(cap, mc, chunk);
@@ -277,10 +297,11 @@ void run_chunks(const Options& o, const llama::Model& model, const std::vector<s
     if (o.verbose)
       for (size_t i = 1; i < cfgs.size(); ++i)
         std::printf("chunk %d: %-28s KL %.5f\n", chunk + 1, cfgs[i].name.c_str(), chunk_kl[i] / T);
+    if (!o.at_rest) measure_bits();
     for (size_t i = 0; i < cfgs.size(); ++i) {
       acc[i].chunk_nll_sum.push_back(nll[i]);
       acc[i].chunk_tokens.push_back(T);
-      const double bits = 8.0 * backends[i]->bytes() / elements_of(mc, backends[i]->original_tokens());
+      const double bits = chunk_bits[i];
       acc[i].bits_sum += bits;
       acc[i].ratio_sum += 16.0 / bits;
       acc[i].chunks += 1;
@@ -611,11 +632,12 @@ int usage() {
                "usage: e8kv-eval [--model F.gguf] [--text FILE] [--text-tail BYTES] [--ctx 512|2048|4096] [--cont T] [--chunks N]\n"
                "                 [--quick] [--no-niah] [--niah-sizes 1024,2048] [--ablations] [--only NAME,...] [--verbose]\n"
                "                 [--config NAME=SPEC ...]   (adds an e8kv configuration, Config::parse syntax)\n"
-               "                 [--csv FILE] [--md FILE] [--dump-kv DIR] [--threads N] [--portable]\n"
+               "                 [--csv FILE] [--md FILE] [--dump-kv DIR] [--threads N] [--portable] [--at-rest]\n"
                "       e8kv-eval --check FILE [--model F.gguf] [--threads N] [--portable]\n"
                "                 (quality regression check: setting and KL bounds from FILE; exit 1 above a bound)\n"
                "defaults: the fetched SmolLM2-135M-Instruct and the two fetched corpora (scripts/fetch-data.sh)\n"
-               "--text-tail BYTES: only the last BYTES of each text (held-out text: chunks read a corpus from its start)\n");
+               "--text-tail BYTES: only the last BYTES of each text (held-out text: chunks read a corpus from its start)\n"
+               "--at-rest: compress the prefill only; continuation tokens stay dense (the peer harness's protocol)\n");
   return 2;
 }
 
@@ -659,6 +681,7 @@ int main(int argc, char** argv) {
       else if (a == "--threads") o.threads = std::stoi(next());
       else if (a == "--check") o.check = next();
       else if (a == "--portable") o.portable = true;
+      else if (a == "--at-rest") o.at_rest = true;
       else if (a == "-h" || a == "--help") return usage();
       else throw Error("unknown argument '" + a + "'");
     }
