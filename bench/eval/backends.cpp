@@ -31,17 +31,36 @@ void llama_cpp_roundtrip(const transform::RandomizedHadamard& rot, bool q4, int 
   rot.inverse(t, x);
 }
 
-void relaxed_roundtrip(const transform::RandomizedHadamard& rot, int levels, int d, float* x,
-                       std::vector<int16_t>& codes_out) {
+// Sylvester Hadamard H_d / sqrt(d) in place (symmetric: its own inverse), as NexusQuant's
+// hadamard_matrix(d) builds it; d a power of two (NexusQuant raises for any other).
+void sylvester_orthonormal(float* x, int d) {
+  switch (d) {
+    case 64: transform::fwht_orthonormal<64>(x); break;
+    case 128: transform::fwht_orthonormal<128>(x); break;
+    case 256: transform::fwht_orthonormal<256>(x); break;
+    default: throw Error("relaxed peer: NexusQuant's Hadamard needs a power-of-two head_dim (64, 128, 256), got " +
+                         std::to_string(d));
+  }
+}
+
+// NexusQuant's quant-only path (NexusQuantQuantOnly.compress, nexusquant-kv 0.6.3): a plain
+// Sylvester Hadamard, relaxed E8 with one amax scale per vector, back. Keys leave RoPE first and
+// get it back after (done by the caller, in Hugging Face's channel order). 0.6.3's
+// E8Lattice.nearest_point repairs the integer candidate's parity at the LARGEST rounding gap
+// (Conway-Sloane; the 0.5.0 code the research read used the smallest) and still never repairs the
+// half-integer candidate.
+void relaxed_roundtrip(int levels, int d, float* x, std::vector<int16_t>& codes_out) {
   float t[512];
-  rot.forward(x, t);
+  std::copy(x, x + d, t);
+  sylvester_orthonormal(t, d);
   int16_t codes[512];
   float scale = 0.f;
-  codebook::relaxed_encode(t, d, levels, codebook::RelaxedScaling::kPerVector, codebook::RelaxedRepair::kArgminAsWritten,
+  codebook::relaxed_encode(t, d, levels, codebook::RelaxedScaling::kPerVector, codebook::RelaxedRepair::kArgmaxCorrect,
                            codes, &scale);
   codebook::relaxed_decode(codes, &scale, d, codebook::RelaxedScaling::kPerVector, t);
   codes_out.insert(codes_out.end(), codes, codes + d);
-  rot.inverse(t, x);
+  sylvester_orthonormal(t, d);
+  std::copy(t, t + d, x);
 }
 
 // Coset-conditional empirical entropy (bits per element) of relaxed codes, 8-blocks.
@@ -140,6 +159,14 @@ PeerBackend::PeerBackend(PeerKind kind, const llama::ModelConfig& mc, const llam
       kivi_k_done_(static_cast<size_t>(L_), 0), kivi_v_done_(static_cast<size_t>(L_), 0),
       relaxed_codes_k_(static_cast<size_t>(L_)), relaxed_codes_v_(static_cast<size_t>(L_)) {
   require(d_ % 32 == 0, "peer backends need head_dim % 32 == 0");
+  if (kind_ == PeerKind::kRelaxedK3V2 || kind_ == PeerKind::kRelaxedK2V2) {
+    require(mc.rope_dim == 0 || mc.rope_dim == d_, "relaxed peer: partial rotary (rope_dim " +
+                                                      std::to_string(mc.rope_dim) + " < head_dim) is not modelled");
+    auto rp = llama::rope_params(mc);
+    rp.layout = transform::RopeLayout::kSplitHalf;  // applied in Hugging Face's channel order
+    relaxed_rope_ = std::make_unique<transform::Rope>(rp);
+    adjacent_pairs_ = mc.rope_adjacent_pairs;
+  }
   for (int l = 0; l < L_; ++l)
     for (int h = 0; h < H_; ++h) rot_.emplace_back(d_, 0xA11CEull + 131ull * l + h);
   for (int64_t t = 0; t < capture.n_tokens; ++t)
@@ -147,7 +174,33 @@ PeerBackend::PeerBackend(PeerKind kind, const llama::ModelConfig& mc, const llam
       append(l, &capture.k[l][static_cast<size_t>(t) * H_ * d_], &capture.v[l][static_cast<size_t>(t) * H_ * d_], t);
 }
 
-void PeerBackend::append(int layer, const float* k, const float* v, int64_t /*position*/) {
+// The key in Hugging Face's channel order (GGUF Llama keys rotate adjacent pairs: HF's element
+// half·d/2 + i is GGUF's 2i + half), RoPE removed there as NexusQuant's inverse_rope does, coded,
+// RoPE applied again, back to the engine's order.
+void PeerBackend::relaxed_key_roundtrip(float* k, int64_t position, std::vector<int16_t>& codes) const {
+  float hf[512];
+  if (adjacent_pairs_) {
+    for (int i = 0; i < d_ / 2; ++i) {
+      hf[i] = k[2 * i];
+      hf[d_ / 2 + i] = k[2 * i + 1];
+    }
+  } else {
+    std::copy(k, k + d_, hf);
+  }
+  relaxed_rope_->remove(hf, position);
+  relaxed_roundtrip(relaxed_levels_k(kind_), d_, hf, codes);
+  relaxed_rope_->apply(hf, position);
+  if (adjacent_pairs_) {
+    for (int i = 0; i < d_ / 2; ++i) {
+      k[2 * i] = hf[i];
+      k[2 * i + 1] = hf[d_ / 2 + i];
+    }
+  } else {
+    std::copy(hf, hf + d_, k);
+  }
+}
+
+void PeerBackend::append(int layer, const float* k, const float* v, int64_t position) {
   float kb[512], vb[512];
   for (int h = 0; h < H_; ++h) {
     std::copy(k + h * d_, k + (h + 1) * d_, kb);
@@ -162,8 +215,8 @@ void PeerBackend::append(int layer, const float* k, const float* v, int64_t /*po
         break;
       case PeerKind::kRelaxedK3V2:
       case PeerKind::kRelaxedK2V2:
-        relaxed_roundtrip(rot, relaxed_levels_k(kind_), d_, kb, relaxed_codes_k_[static_cast<size_t>(layer)]);
-        relaxed_roundtrip(rot, kRelaxedLevelsV, d_, vb, relaxed_codes_v_[static_cast<size_t>(layer)]);
+        relaxed_key_roundtrip(kb, position, relaxed_codes_k_[static_cast<size_t>(layer)]);
+        relaxed_roundtrip(kRelaxedLevelsV, d_, vb, relaxed_codes_v_[static_cast<size_t>(layer)]);
         break;
       case PeerKind::kKivi2:
       case PeerKind::kKivi4:

@@ -15,6 +15,7 @@
 #include "e8kv/llama/kv_backend.hpp"
 #include "e8kv/llama/model.hpp"
 #include "e8kv/transform/hadamard.hpp"
+#include "e8kv/transform/rope.hpp"
 
 namespace e8kv::eval {
 
@@ -81,9 +82,11 @@ enum class PeerKind { kQ8_0Rotated, kQ4_0Rotated, kKivi2, kKivi4, kRelaxedK3V2, 
 ///    with an fp16 scale: 8.5 / 4.5 bits per element.
 ///  - KIVI-2 / KIVI-4: keys per channel in groups of 32 tokens, values per token in groups of 32
 ///    channels, fp16 scale and zero per group, the 128 most recent tokens in fp16.
-///  - relaxed K3V2 / K2V2: the reference project's quantizer (levels 8 / 4, per-vector amax scale,
-///    Hadamard); it has no fixed-rate index, so its rate is the empirical entropy of its symbols
-///    (coset flag + per coordinate) plus the fp16 scales.
+///  - relaxed K3V2 / K2V2: the reference project's quant-only path as nexusquant-kv 0.6.3 runs it
+///    (NexusQuantQuantOnly: keys leave RoPE, plain Sylvester Hadamard, relaxed-parity E8 with
+///    levels 8 / 4 and one amax scale per vector, back); it has no fixed-rate index, so its rate is
+///    the empirical entropy of its symbols (coset flag + per coordinate) plus the fp16 scales.
+///    bench/peers/peers.py runs the package itself; docs/accuracy.md compares the two.
 class PeerBackend : public MeasuredBackend {
  public:
   PeerBackend(PeerKind kind, const llama::ModelConfig& mc, const llama::PrefillCapture& capture);
@@ -99,11 +102,14 @@ class PeerBackend : public MeasuredBackend {
  private:
   bool kivi() const { return kind_ == PeerKind::kKivi2 || kind_ == PeerKind::kKivi4; }
   void kivi_flush(int layer);
+  void relaxed_key_roundtrip(float* k, int64_t position, std::vector<int16_t>& codes) const;
   size_t at(int layer, int head) const { return static_cast<size_t>(layer) * H_ + head; }
 
   PeerKind kind_;
   int L_, H_, Q_, d_;
   bool quantize_appended_ = true;
+  bool adjacent_pairs_ = false;                  // the engine's keys rotate adjacent pairs (GGUF Llama)
+  std::unique_ptr<transform::Rope> relaxed_rope_;  // relaxed peers: the model's RoPE, split halves
   std::vector<transform::RandomizedHadamard> rot_;  // per (layer, head)
   std::vector<int64_t> n_;                           // tokens per layer
   std::vector<std::vector<float>> k_, v_;            // per (layer, head): [tokens][d] as attention sees them

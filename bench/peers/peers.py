@@ -60,7 +60,8 @@ import torch  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from e8kv_ctypes import E8kv  # noqa: E402
 
-OBS_WINDOW = 32
+OBS_WINDOW = 32   # e8kv's default observation window (e8kv-eval's too)
+CAPTURE = 64      # queries captured per layer: a row whose spec sets window=64 gets all of them
 RATES = (0.35, 0.60, 0.80)
 # NexusQuant's eviction presets as its documentation states them (nexusquant/integrations/
 # huggingface.py, _EVICT_PRESETS comments and nexusquant_evict's docstring): compression ratios
@@ -85,7 +86,7 @@ def peer_attention(module, query, key, value, attention_mask, scaling, dropout=0
     groups = hq // hkv
     layer = module.layer_idx
     if STATE.capture is not None:
-        STATE.capture[layer] = query[0, :, -OBS_WINDOW:, :].permute(1, 0, 2).float().contiguous()
+        STATE.capture[layer] = query[0, :, -CAPTURE:, :].permute(1, 0, 2).float().contiguous()
     q = query.float().reshape(b, hkv, groups * q_len, d)
     s = torch.matmul(q, key.float().transpose(2, 3)) * scaling  # [b, hkv, groups*q, k]
     s = s.view(b, hkv, groups, q_len, k_len)
@@ -163,7 +164,8 @@ def e8kv_row(ctx, e8kv, spec):
     ref = ctx["ref_cache"]
     keys = [l.keys[0].permute(1, 0, 2) for l in ref.layers]      # [tokens, kv_heads, d]
     values = [l.values[0].permute(1, 0, 2) for l in ref.layers]
-    queries = [ctx["queries"][i] for i in range(shape[0])]
+    window = 64 if "window=64" in spec else OBS_WINDOW
+    queries = [ctx["queries"][i][-window:] for i in range(shape[0])]
     full = f"{spec},rope_theta={ctx['rope_theta']:g}"
     c = e8kv.compress(shape, full, keys, values, queries)
     n = keys[0].shape[0]
@@ -326,12 +328,19 @@ def main():
     rows = []
     for spec_name, spec in [("quant-k3v2", "preset=quant-k3v2"), ("quant-k2v2", "preset=quant-k2v2"),
                             ("quant-k4v4", "preset=quant-k4v4"), ("high", "preset=high"),
-                            ("asym", "preset=asym"), ("balanced", "preset=balanced"), ("max", "preset=max")]:
-        rows.append((Row(f"e8kv {spec_name}", "e8kv", "quant" if "quant" in spec_name else "evict+quant"),
+                            ("asym", "preset=asym"), ("balanced", "preset=balanced"), ("max", "preset=max"),
+                            ("budget=2.5", "preset=quant-k3v2,budget=2.5"),
+                            ("budget=2.25", "preset=quant-k3v2,budget=2.25")]:
+        rows.append((Row(f"e8kv {spec_name}", "e8kv", "quant" if "quant" in spec_name or "budget" in spec_name
+                         else "evict+quant"),
                      ("e8kv", spec)))
     for r in RATES:
         rows.append((Row(f"e8kv eviction-only {int(r * 100)} % (obs-window)", "e8kv", "evict"),
                      ("e8kv", f"preset=lossless,evict={r}")))
+        rows.append((Row(f"e8kv eviction-only {int(r * 100)} % (obs-window, per head)", "e8kv", "evict"),
+                     ("e8kv", f"preset=lossless,evict={r},per_head=1")))
+        rows.append((Row(f"e8kv eviction-only {int(r * 100)} % (obs-window 64, per head)", "e8kv", "evict"),
+                     ("e8kv", f"preset=lossless,evict={r},per_head=1,window=64")))
         rows.append((Row(f"e8kv eviction-only {int(r * 100)} % (key-norm)", "e8kv", "evict"),
                      ("e8kv", f"preset=lossless,evict={r},scorer=key-norm")))
     for press_name in ("ExpectedAttentionPress", "SnapKVPress", "TOVAPress", "StreamingLLMPress", "KnormPress"):
