@@ -46,6 +46,7 @@ class E8kv:
         lib.e8kv_decompress_layer.argtypes = [vp, i32, i64, vp, vp, vp, vp]
         lib.e8kv_cache_bits_per_element.argtypes = [vp, ctypes.POINTER(ctypes.c_double)]
         lib.e8kv_cache_bytes.argtypes = [vp, ctypes.POINTER(ctypes.c_uint64)]
+        lib.e8kv_serialized_size.argtypes = [vp, ctypes.POINTER(ctypes.c_size_t)]
         lib.e8kv_thread_pool_create.argtypes = [i32, ctypes.POINTER(vp)]
         lib.e8kv_thread_pool_destroy.argtypes = [vp]
         self.lib = lib
@@ -110,6 +111,12 @@ class Cache:
         b = ctypes.c_uint64()
         self.e8kv._check(self.e8kv.lib.e8kv_cache_bytes(self.handle, ctypes.byref(b)), "bytes")
         return b.value
+
+    def serialized_size(self):
+        """Bytes of the offload container (delta + zstd, docs/format.md) of this cache."""
+        n = ctypes.c_size_t()
+        self.e8kv._check(self.e8kv.lib.e8kv_serialized_size(self.handle, ctypes.byref(n)), "serialized size")
+        return n.value
 
     def decompress_layer(self, layer):
         """(positions [n], keys [n, kv_heads, d], values [n, kv_heads, d], mask [kv_heads, n]); the

@@ -150,8 +150,10 @@ class Row:
         self.name, self.peer, self.kind, self.note = name, peer, kind, note
         self.kl = self.nll = self.top1 = self.tokens = 0.0
         self.chunk_nll = []
+        self.chunk_kl = []    # mean KL of each chunk
         self.bits = []        # honest bits per element (e8kv, kvpress); NexusQuant: stored
         self.claimed = []     # NexusQuant's own figure
+        self.container = []   # e8kv: its offload container (delta + zstd), bits per element
         self.kept = []        # kept fraction of prefill tokens (mean over layers and KV heads)
         self.seconds = 0.0
         self.error = None
@@ -182,7 +184,9 @@ def e8kv_row(ctx, e8kv, spec):
         set_layer(out, layer, kf.permute(1, 0, 2)[None].contiguous(), vf.permute(1, 0, 2)[None].contiguous())
         bias.append(mf if bool(torch.isinf(mf).any()) else None)
         kept.append(float(torch.isfinite(mf).float().mean()))
-    return out, bias, c.bits_per_element(), sum(kept) / len(kept), c.description
+    elements = 2.0 * shape[0] * shape[1] * shape[3] * n
+    container = 8.0 * c.serialized_size() / elements
+    return out, bias, c.bits_per_element(), sum(kept) / len(kept), c.description, container
 
 
 def kvpress_row(ctx, model, press):
@@ -292,8 +296,8 @@ def load_model(path, dtype):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     cache_dir = os.environ.get("E8KV_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "e8kv")
-    ap.add_argument("--lib", required=True, help="libe8kv_c.so")
-    ap.add_argument("--tokenizer", required=True, help="the e8kv-llama binary (its --tokenize-file)")
+    ap.add_argument("--lib", help="libe8kv_c.so")
+    ap.add_argument("--tokenizer", help="the e8kv-llama binary (its --tokenize-file)")
     ap.add_argument("--model", default=os.path.join(cache_dir, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
     ap.add_argument("--text", nargs="*", default=[os.path.join(cache_dir, "text", "tech.txt"),
                                                  os.path.join(cache_dir, "text", "fiction.txt")])
@@ -303,7 +307,17 @@ def main():
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: all cores)")
     ap.add_argument("--only", default="", help="comma-separated substrings of row names to run")
     ap.add_argument("--out", required=True, help="output directory (peers.md, peers.csv, peers.json)")
+    ap.add_argument("--report", metavar="JSON", help="only rewrite OUT/peers.md from a peers.json")
     a = ap.parse_args()
+    if a.report:
+        with open(a.report) as f:
+            data = json.load(f)
+        os.makedirs(a.out, exist_ok=True)
+        with open(os.path.join(a.out, "peers.md"), "w") as f:
+            f.write(markdown(data["meta"], data["rows"]))
+        return
+    if not a.lib or not a.tokenizer:
+        ap.error("--lib and --tokenizer are required (except with --report)")
     os.makedirs(a.out, exist_ok=True)
     torch.manual_seed(0)
     torch.set_num_threads(a.threads or max(1, os.cpu_count() or 1))
@@ -397,8 +411,9 @@ def main():
             try:
                 claimed = None
                 if spec[0] == "e8kv":
-                    cache, bias, bits, kept, desc = e8kv_row(ctx, e8kv, spec[1])
+                    cache, bias, bits, kept, desc, container = e8kv_row(ctx, e8kv, spec[1])
                     row.note = desc
+                    row.container.append(container)
                 elif spec[0] == "kvpress":
                     press = getattr(kvpress, spec[1])(compression_ratio=spec[2])
                     cache, bias, bits, kept = kvpress_row(ctx, model, press)
@@ -428,6 +443,7 @@ def main():
             row.top1 += top1
             row.tokens += len(targets)
             row.chunk_nll.append(nll)
+            row.chunk_kl.append(kl / len(targets))
             row.bits.append(bits)
             row.kept.append(kept)
             if claimed is not None:
@@ -464,7 +480,8 @@ def write_outputs(a, rows, ref_nll, versions, C, T):
                       math.sqrt(len(deltas)) if len(deltas) > 1 else float("nan"),
                       "bits": sum(row.bits) / len(row.bits), "kept": sum(row.kept) / len(row.kept),
                       "claimed_bits": sum(row.claimed) / len(row.claimed) if row.claimed else None,
-                      "seconds_per_chunk": row.seconds / n_chunks})
+                      "container_bits": sum(row.container) / len(row.container) if row.container else None,
+                      "chunk_kl": row.chunk_kl, "seconds_per_chunk": row.seconds / n_chunks})
         results.append(r)
     meta = {"versions": versions, "ctx": C, "cont": T, "chunks": n_chunks, "texts": a.text, "model": a.model,
             "command": " ".join(sys.argv)}
@@ -477,21 +494,46 @@ def write_outputs(a, rows, ref_nll, versions, C, T):
         for r in results:
             w.writerow([r["name"], r["peer"], r["kind"], r.get("bits"), r.get("claimed_bits"), r.get("kept"),
                         r.get("kl"), r.get("top1"), r.get("dppl_pct"), r.get("dppl_ci95"), r.get("error")])
-    lines = [f"Peers at rest: SmolLM2-135M, prefill {C - 1} tokens, transform once, {T} teacher-forced tokens "
-             f"scored, {n_chunks} chunks; versions " + ", ".join(f"{k} {v}" for k, v in versions.items()), "",
-             "| row | bits/elem | claimed bits | kept | KL | top-1 | dPPL % (95 % CI) |",
-             "|---|---|---|---|---|---|---|"]
-    for r in results:
-        if r.get("error") or "kl" not in r:
-            lines.append(f"| {r['name']} | failed: {r.get('error')} | | | | | |")
-            continue
-        claimed = f"{r['claimed_bits']:.3f}" if r.get("claimed_bits") else ""
-        lines.append(f"| {r['name']} | {r['bits']:.3f} | {claimed} | {r['kept']:.3f} | {r['kl']:.4f} | "
-                     f"{r['top1']:.3f} | {r['dppl_pct']:+.2f} ± {r['dppl_ci95']:.2f} |")
+    text = markdown(meta, results)
     with open(os.path.join(a.out, "peers.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+        f.write(text)
+    print(text)
 
+
+GROUPS = [("quant", "Quantization only (every token kept)"),
+          ("evict", "Eviction only (kept tokens in full precision)"),
+          ("evict+quant", "Eviction and quantization"),
+          ("none", "Reference rows")]
+
+
+def markdown(meta, results):
+    """The report: one table per kind of row, in the order rows ran."""
+    v = meta["versions"]
+    lines = [f"Peers at rest: SmolLM2-135M, prefill {meta['ctx'] - 1} tokens, transform the cache once, "
+             f"{meta['cont']} teacher-forced tokens scored per chunk, {meta['chunks']} chunks; "
+             + ", ".join(f"{k} {v[k]}" for k in v) + ".", "",
+             "bits/elem: e8kv = every byte its decoder needs; kvpress = 16 x kept; NexusQuant = what its "
+             "cache holds (fp16 rows of every token). container: e8kv's offload container (delta + zstd) "
+             "of the same cache. claimed: NexusQuant's own accounting (measure_compression: its E8 "
+             "coordinates through delta + zstd-22 plus fp16 scales, a size it never stores; for eviction "
+             "presets its documented ratio).", ""]
+    for kind, title in GROUPS:
+        rs = [r for r in results if r["kind"] == kind]
+        if not rs:
+            continue
+        lines += [f"**{title}**", "",
+                  "| row | bits/elem | container | claimed | kept | KL | top-1 | dPPL % (95 % CI) |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for r in rs:
+            if r.get("error") or "kl" not in r:
+                lines.append(f"| {r['name']} | failed: {r.get('error')} | | | | | | |")
+                continue
+            claimed = f"{r['claimed_bits']:.3f}" if r.get("claimed_bits") else ""
+            container = f"{r['container_bits']:.3f}" if r.get("container_bits") else ""
+            lines.append(f"| {r['name']} | {r['bits']:.3f} | {container} | {claimed} | {r['kept']:.3f} | {r['kl']:.4f} | "
+                         f"{r['top1']:.3f} | {r['dppl_pct']:+.2f} ± {r['dppl_ci95']:.2f} |")
+        lines.append("")
+    return "\n".join(lines)
 
 if __name__ == "__main__":
     main()
