@@ -13,9 +13,8 @@ Protocol ("at rest", one for every row), per chunk of C + T tokens of a corpus:
   3. teacher-force the next T tokens in one forward pass over the transformed cache (those T
      tokens stay full precision, in every row) and score predictions of tokens C .. C + T - 1.
 The scored tokens are those of e8kv-eval's chunks (same corpora, same slicing, e8kv's tokenizer
-ids from `e8kv-llama --tokenize-file`), but e8kv-eval's protocol differs: it codes the
-continuation tokens too and decodes one token at a time, so its figures do not stand in this
-table. KL is KL(untouched ‖ row) of next-token distributions, averaged over the scored tokens;
+ids from `e8kv-llama --tokenize-file`). e8kv-eval's default protocol differs (it codes the
+continuation tokens too); `e8kv-eval --at-rest` runs this one in e8kv's own engine. KL is KL(untouched ‖ row) of next-token distributions, averaged over the scored tokens;
 dPPL is the change of continuation perplexity against the untouched cache with a 95 % interval
 from the per-chunk paired differences (t with chunks - 1 degrees of freedom).
 
