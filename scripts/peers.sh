@@ -23,6 +23,10 @@ lock="$E8KV_ROOT/bench/peers/requirements.lock"
 if [ ! -x "$venv/bin/python" ] || ! cmp -s "$lock" "$venv/.e8kv-lock"; then
   echo "[peers] creating $venv from bench/peers/requirements.lock (~6 GB)" >&2
   rm -rf "$venv"
+  if ! python3 -c "import ensurepip, venv" >/dev/null 2>&1; then  # Debian's python3 ships venv apart
+    SUDO=""; [ "$(id -u)" != 0 ] && SUDO="sudo"
+    $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq python3-venv >/dev/null
+  fi
   python3 -m venv "$venv"
   "$venv/bin/pip" install --no-input -q -r "$lock"
   cp "$lock" "$venv/.e8kv-lock"
