@@ -47,6 +47,8 @@ class E8kv:
         lib.e8kv_cache_bits_per_element.argtypes = [vp, ctypes.POINTER(ctypes.c_double)]
         lib.e8kv_cache_bytes.argtypes = [vp, ctypes.POINTER(ctypes.c_uint64)]
         lib.e8kv_serialized_size.argtypes = [vp, ctypes.POINTER(ctypes.c_size_t)]
+        lib.e8kv_append.argtypes = [vp, vp, i32, i32, vp, vp, i32]
+        lib.e8kv_attend.argtypes = [vp, i32, vp, i32, vp, vp, vp]
         lib.e8kv_thread_pool_create.argtypes = [i32, ctypes.POINTER(vp)]
         lib.e8kv_thread_pool_destroy.argtypes = [vp]
         self.lib = lib
@@ -65,7 +67,7 @@ class E8kv:
 
     def compress(self, shape, spec, keys, values, queries, threads=1):
         """keys, values: per layer [tokens, kv_heads, head_dim]; queries: per layer [window, q_heads,
-        head_dim] or None. Returns a Cache (owns the handle)."""
+        head_dim] or None. Returns a Cache (owns its handle and the compressor's, which append needs)."""
         lib = self.lib
         sh = _Shape(*shape)
         comp = ctypes.c_void_p()
@@ -87,20 +89,40 @@ class E8kv:
             cache = ctypes.c_void_p()
             self._check(lib.e8kv_compress(comp, ctypes.byref(kv), ctypes.byref(qin) if qin is not None else None,
                                           pool, ctypes.byref(cache)), f"compress '{spec}'")
-            return Cache(self, cache, shape, self.describe(comp))
+            result = Cache(self, cache, comp, shape, self.describe(comp))
+            comp = ctypes.c_void_p()  # the Cache owns it now
+            return result
         finally:
             lib.e8kv_thread_pool_destroy(pool)
             lib.e8kv_compressor_destroy(comp)
 
 
 class Cache:
-    def __init__(self, e8kv, handle, shape, description):
-        self.e8kv, self.handle, self.shape, self.description = e8kv, handle, shape, description
+    def __init__(self, e8kv, handle, compressor, shape, description):
+        self.e8kv, self.handle, self.compressor = e8kv, handle, compressor
+        self.shape, self.description = shape, description
 
     def __del__(self):
         if self.handle:
             self.e8kv.lib.e8kv_cache_destroy(self.handle)
             self.handle = None
+        if self.compressor:
+            self.e8kv.lib.e8kv_compressor_destroy(self.compressor)
+            self.compressor = None
+
+    def append(self, layer, key, value, position):
+        """One token of one layer: key (post-RoPE) and value [kv_heads, head_dim] float32."""
+        key, value = key.float().contiguous(), value.float().contiguous()
+        self.e8kv._check(self.e8kv.lib.e8kv_append(self.compressor, self.handle, layer, _F32, key.data_ptr(),
+                                                   value.data_ptr(), position), "append")
+
+    def attend(self, layer, q, position):
+        """Decode attention of one query token [q_heads, head_dim] over the codes: [q_heads, head_dim]."""
+        q = q.float().contiguous()
+        out = torch.empty_like(q)
+        self.e8kv._check(self.e8kv.lib.e8kv_attend(self.handle, layer, q.data_ptr(), position, out.data_ptr(),
+                                                   None, None), "attend")
+        return out
 
     def bits_per_element(self):
         b = ctypes.c_double()

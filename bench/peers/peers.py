@@ -73,6 +73,7 @@ NQ_DOCUMENTED_RATIO = {"high": 9.0, "balanced": 17.0, "max": 33.0, "asym": 14.0}
 class AttentionState:
     bias = None      # per layer: [kv_heads, prefix] additive bias over the cached prefix, or None
     capture = None   # dict layer -> [window, q_heads, d] post-RoPE queries of the prefill's end
+    decode = None    # (e8kv Cache, position): one decoded token appended to and attended on the codes
 
 
 STATE = AttentionState()
@@ -84,6 +85,15 @@ def peer_attention(module, query, key, value, attention_mask, scaling, dropout=0
     hkv, k_len = key.shape[1], key.shape[2]
     groups = hq // hkv
     layer = module.layer_idx
+    if STATE.decode is not None:
+        # The e8kv protocol: transformers' own cache is empty at each step, so key/value are the
+        # new token's; e8kv appends them (its window, flushed into codes) and attends over
+        # everything it stores, reading the codes (e8kv_attend).
+        assert b == 1 and q_len == 1 and k_len == 1, (b, q_len, k_len)
+        cache, position = STATE.decode
+        cache.append(layer, key[0, :, 0, :], value[0, :, 0, :], position)
+        out = cache.attend(layer, query[0, :, 0, :], position)
+        return out[None, None].to(query.dtype), None
     if STATE.capture is not None:
         STATE.capture[layer] = query[0, :, -CAPTURE:, :].permute(1, 0, 2).float().contiguous()
     q = query.float().reshape(b, hkv, groups * q_len, d)
@@ -158,8 +168,8 @@ class Row:
         self.error = None
 
 
-def e8kv_row(ctx, e8kv, spec):
-    """Compresses the untouched prefill cache through the C ABI and returns (cache, bias, bits, kept)."""
+def e8kv_compress(ctx, e8kv, spec):
+    """The untouched prefill cache compressed through the C ABI: (Cache, shape)."""
     cfg = ctx["config"]
     shape = (cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.num_attention_heads, ctx["head_dim"])
     ref = ctx["ref_cache"]
@@ -168,8 +178,33 @@ def e8kv_row(ctx, e8kv, spec):
     window = 64 if "window=64" in spec else OBS_WINDOW
     queries = [ctx["queries"][i][-window:] for i in range(shape[0])]
     full = f"{spec},rope_theta={ctx['rope_theta']:g}"
-    c = e8kv.compress(shape, full, keys, values, queries)
-    n = keys[0].shape[0]
+    return e8kv.compress(shape, full, keys, values, queries), shape
+
+
+def e8kv_decode_row(ctx, e8kv, spec, model, cont, first_position):
+    """The e8kv protocol through the C ABI: the prefill compressed, then every continuation token
+    decoded one at a time, appended to the cache and attended over its codes. Returns (logits,
+    bits at the end of the chunk, description)."""
+    from transformers import DynamicCache
+    c, _ = e8kv_compress(ctx, e8kv, spec)
+    logits = []
+    try:
+        for t, token in enumerate(cont):
+            STATE.decode = (c, first_position + t)
+            with torch.no_grad():
+                out = model(input_ids=torch.tensor([[token]]), position_ids=torch.tensor([[first_position + t]]),
+                            past_key_values=DynamicCache(), use_cache=True)
+            logits.append(out.logits[0, -1].float())
+    finally:
+        STATE.decode = None
+    return torch.stack(logits), c.bits_per_element(), c.description
+
+
+def e8kv_row(ctx, e8kv, spec):
+    """Compresses the untouched prefill cache through the C ABI and returns (cache, bias, bits, kept)."""
+    c, shape = e8kv_compress(ctx, e8kv, spec)
+    ref = ctx["ref_cache"]
+    n = ref.layers[0].keys.shape[2]
     out, bias, kept = clone_cache(ref), [], []
     for layer in range(shape[0]):
         pos, k, v, mask = c.decompress_layer(layer)
@@ -364,6 +399,9 @@ def main():
         rows.append((Row(f"NexusQuant quant_only K{kb}V{vb}", "nexusquant", "quant"), ("nq-quant", kb, vb)))
     for preset in ("high", "asym", "balanced", "max"):
         rows.append((Row(f"NexusQuant evict '{preset}'", "nexusquant", "evict+quant"), ("nq-evict", preset)))
+    for spec_name in ("quant-k3v2", "quant-k2v2", "high"):
+        rows.append((Row(f"e8kv {spec_name}, continuation coded (e8kv protocol)", "e8kv", "e8kv protocol"),
+                     ("e8kv-decode", f"preset={spec_name}")))
     for b in (3, 2):
         rows.append((Row(f"NexusQuant `with nexusquant(bits={b})` (prefill inside)", "nexusquant", "quant"),
                      ("nq-context", "simple", b)))
@@ -408,8 +446,11 @@ def main():
                 continue
             t1 = time.time()
             try:
-                claimed = None
-                if spec[0] == "e8kv":
+                claimed, logits = None, None
+                if spec[0] == "e8kv-decode":
+                    logits, bits, desc = e8kv_decode_row(ctx, e8kv, spec[1], model, cont, C - 1)
+                    bias, kept, row.note = None, 1.0, desc
+                elif spec[0] == "e8kv":
                     cache, bias, bits, kept, desc, container = e8kv_row(ctx, e8kv, spec[1])
                     row.note = desc
                     row.container.append(container)
@@ -430,8 +471,9 @@ def main():
                 else:
                     cache, bias, bits, kept = nexusquant_evict_row(ctx, spec[1])
                     claimed = 16.0 / NQ_DOCUMENTED_RATIO[spec[1]]
-                logits = continuation_logits(model_bf16 if spec[0] == "nq-context-bf16" else model,
-                                             cache, cont, C - 1, bias)
+                if logits is None:
+                    logits = continuation_logits(model_bf16 if spec[0] == "nq-context-bf16" else model,
+                                                 cache, cont, C - 1, bias)
             except Exception as e:  # a peer that fails is reported, not hidden
                 row.error = f"{type(e).__name__}: {e}"
                 print(f"[peers] {row.name}: FAILED {row.error}", flush=True)
@@ -500,6 +542,8 @@ def write_outputs(a, rows, ref_nll, versions, C, T):
 
 
 GROUPS = [("quant", "Quantization only (every token kept)"),
+          ("e8kv protocol", "e8kv's protocol: continuation tokens appended and attended through the codes "
+           "(e8kv_append, e8kv_attend); bits at the end of the chunk"),
           ("evict", "Eviction only (kept tokens in full precision)"),
           ("evict+quant", "Eviction and quantization"),
           ("none", "Reference rows")]
