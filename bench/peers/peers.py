@@ -449,7 +449,7 @@ def main():
                 claimed, logits = None, None
                 if spec[0] == "e8kv-decode":
                     logits, bits, desc = e8kv_decode_row(ctx, e8kv, spec[1], model, cont, C - 1)
-                    bias, kept, row.note = None, 1.0, desc
+                    bias, kept, row.note = None, None, desc  # kept: not measured on this path
                 elif spec[0] == "e8kv":
                     cache, bias, bits, kept, desc, container = e8kv_row(ctx, e8kv, spec[1])
                     row.note = desc
@@ -486,12 +486,14 @@ def main():
             row.chunk_nll.append(nll)
             row.chunk_kl.append(kl / len(targets))
             row.bits.append(bits)
-            row.kept.append(kept)
+            if kept is not None:
+                row.kept.append(kept)
             if claimed is not None:
                 row.claimed.append(claimed)
             row.seconds += time.time() - t1
+            kept_text = f"{kept:.3f}" if kept is not None else "-"
             print(f"[peers] chunk {chunk + 1}: {row.name:48s} KL {kl / len(targets):.4f} bits {bits:.3f} "
-                  f"kept {kept:.3f} ({time.time() - t1:.1f} s)", flush=True)
+                  f"kept {kept_text} ({time.time() - t1:.1f} s)", flush=True)
 
     write_outputs(a, rows, ref_nll, versions, C, T)
 
@@ -519,7 +521,8 @@ def write_outputs(a, rows, ref_nll, versions, C, T):
             r.update({"kl": row.kl / row.tokens, "top1": row.top1 / row.tokens,
                       "dppl_pct": 100.0 * (ppl / ppl_ref - 1), "dppl_ci95": t95(len(deltas) - 1) * sd /
                       math.sqrt(len(deltas)) if len(deltas) > 1 else float("nan"),
-                      "bits": sum(row.bits) / len(row.bits), "kept": sum(row.kept) / len(row.kept),
+                      "bits": sum(row.bits) / len(row.bits),
+                      "kept": sum(row.kept) / len(row.kept) if row.kept else None,
                       "claimed_bits": sum(row.claimed) / len(row.claimed) if row.claimed else None,
                       "container_bits": sum(row.container) / len(row.container) if row.container else None,
                       "chunk_kl": row.chunk_kl, "seconds_per_chunk": row.seconds / n_chunks})
@@ -573,7 +576,8 @@ def markdown(meta, results):
                 continue
             claimed = f"{r['claimed_bits']:.3f}" if r.get("claimed_bits") else ""
             container = f"{r['container_bits']:.3f}" if r.get("container_bits") else ""
-            lines.append(f"| {r['name']} | {r['bits']:.3f} | {container} | {claimed} | {r['kept']:.3f} | {r['kl']:.4f} | "
+            kept = f"{r['kept']:.3f}" if r.get("kept") is not None else ""
+            lines.append(f"| {r['name']} | {r['bits']:.3f} | {container} | {claimed} | {kept} | {r['kl']:.4f} | "
                          f"{r['top1']:.3f} | {r['dppl_pct']:+.2f} ± {r['dppl_ci95']:.2f} |")
         lines.append("")
     return "\n".join(lines)
