@@ -459,8 +459,9 @@ std::vector<Result> summarize(const std::vector<ConfigSpec>& cfgs, const std::ve
 }
 
 void print_outputs(const Options& o, const std::vector<Result>& rs, const llama::ModelConfig& mc, double seconds) {
-  std::printf("\n# e8kv-eval: model %s (%d layers, %d/%d heads, head_dim %d), ctx %d, cont %d, chunks %d, %.0f s\n",
-              mc.name.c_str(), mc.n_layers, mc.n_heads, mc.n_kv_heads, mc.head_dim, o.ctx, o.cont, o.chunks, seconds);
+  std::printf("\n# e8kv-eval: model %s (%d layers, %d/%d heads, head_dim %d), ctx %d, cont %d, chunks %d, %.0f s%s\n",
+              mc.name.c_str(), mc.n_layers, mc.n_heads, mc.n_kv_heads, mc.head_dim, o.ctx, o.cont, o.chunks, seconds,
+              o.at_rest ? ", at rest (prefill compressed, continuation dense; bits: the prefill's)" : "");
   std::printf("%-30s %8s %7s %9s %18s %9s %7s %6s\n", "config", "bits/el", "ratio", "ppl", "dppl% (95% CI)", "KL", "top1",
               "NIAH");
   for (const auto& r : rs) {
@@ -696,9 +697,10 @@ int main(int argc, char** argv) {
     QualityCheck check;
     if (!o.check.empty()) {
       require(!ctx_set && !cont_set && !chunks_set && !o.quick && !o.ablations && o.only.empty() && o.extra.empty() &&
-                  o.text.empty() && o.text_tail == 0,
-              "--check takes the setting, the corpora and the configurations from its file; drop --ctx/--cont/"
-              "--chunks/--quick/--ablations/--only/--config/--text/--text-tail");
+                  o.text.empty() && o.text_tail == 0 && !o.at_rest,
+              "--check takes the setting, the corpora and the configurations from its file (its bounds are "
+              "the default protocol's); drop --ctx/--cont/--chunks/--quick/--ablations/--only/--config/--text/"
+              "--text-tail/--at-rest");
       check = read_quality_check(o.check);
       o.ctx = check.ctx;
       o.cont = check.cont;
