@@ -340,6 +340,9 @@ def main():
     ap.add_argument("--chunks", type=int, default=8)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: all cores)")
     ap.add_argument("--only", default="", help="comma-separated substrings of row names to run")
+    ap.add_argument("--e8kv", action="append", default=[], metavar="NAME=SPEC",
+                    help="an extra e8kv row (Config::parse spec, e.g. 'w64=preset=lossless,evict=0.35,window=64'); "
+                         "eviction-only when the spec says preset=lossless")
     ap.add_argument("--out", required=True, help="output directory (peers.md, peers.csv, peers.json)")
     ap.add_argument("--report", metavar="JSON", help="only rewrite OUT/peers.md from a peers.json")
     a = ap.parse_args()
@@ -413,6 +416,12 @@ def main():
     for preset in ("high", "balanced"):
         rows.append((Row(f"NexusQuant `with nexusquant_evict('{preset}')` (prefill inside, bf16 model)",
                          "nexusquant", "evict+quant"), ("nq-context-bf16", "evict", preset)))
+    for extra in a.e8kv:
+        name, eq, spec = extra.partition("=")
+        if not eq or not name or not spec:
+            ap.error(f"--e8kv wants NAME=SPEC, got {extra!r}")
+        kind = "evict" if "preset=lossless" in spec else ("evict+quant" if "evict=" in spec else "quant")
+        rows.append((Row(f"e8kv {name}", "e8kv", kind), ("e8kv", spec)))
     if a.only:
         keys = [s.strip() for s in a.only.split(",") if s.strip()]
         rows = [(r, s) for r, s in rows if any(k in r.name for k in keys)]
