@@ -91,7 +91,7 @@ double relaxed_entropy(const std::vector<int16_t>& codes) {
 void dense_attention_lse(const float* k, const float* v, int64_t n, int n_kv_heads, int n_q_heads, int head_dim,
                          const float* q, float scale, float* out, float* lse) {
   const int G = n_q_heads / n_kv_heads;
-  std::vector<double> s(static_cast<size_t>(n));
+  std::vector<double> s(static_cast<size_t>(n)), acc(static_cast<size_t>(head_dim));
   for (int qh = 0; qh < n_q_heads; ++qh) {
     const int h = qh / G;
     const float* qq = q + static_cast<size_t>(qh) * head_dim;
@@ -111,7 +111,7 @@ void dense_attention_lse(const float* k, const float* v, int64_t n, int n_kv_hea
     }
     double z = 0;
     for (int64_t t = 0; t < n; ++t) z += (s[static_cast<size_t>(t)] = std::exp(s[static_cast<size_t>(t)] - m));
-    std::vector<double> acc(static_cast<size_t>(head_dim), 0.0);
+    std::fill(acc.begin(), acc.end(), 0.0);
     for (int64_t t = 0; t < n; ++t) {
       const float* vr = v + (static_cast<size_t>(t) * n_kv_heads + h) * head_dim;
       const double p = s[static_cast<size_t>(t)] / z;

@@ -204,8 +204,9 @@ def e8kv_row(ctx, e8kv, spec):
     """Compresses the untouched prefill cache through the C ABI and returns (cache, bias, bits, kept)."""
     c, shape = e8kv_compress(ctx, e8kv, spec)
     ref = ctx["ref_cache"]
+    from transformers import DynamicCache
     n = ref.layers[0].keys.shape[2]
-    out, bias, kept = clone_cache(ref), [], []
+    out, bias, kept = DynamicCache(), [], []
     for layer in range(shape[0]):
         pos, k, v, mask = c.decompress_layer(layer)
         # rows at every position 0 .. n-1 (the layer's extent can be shorter when every head
@@ -215,7 +216,7 @@ def e8kv_row(ctx, e8kv, spec):
         mf = torch.full((shape[1], n), float("-inf"))
         idx = pos.long()
         kf[idx], vf[idx], mf[:, idx] = k, v, mask
-        set_layer(out, layer, kf.permute(1, 0, 2)[None].contiguous(), vf.permute(1, 0, 2)[None].contiguous())
+        out.update(kf.permute(1, 0, 2)[None].contiguous(), vf.permute(1, 0, 2)[None].contiguous(), layer)
         bias.append(mf if bool(torch.isinf(mf).any()) else None)
         kept.append(float(torch.isfinite(mf).float().mean()))
     elements = 2.0 * shape[0] * shape[1] * shape[3] * n
@@ -264,6 +265,15 @@ def nexusquant_quant_row(ctx, key_bits, value_bits):
     return c, None, stored, 1.0, claimed
 
 
+def prefix_mask_bias(mask, n_kv_heads, n_layers):
+    """NexusQuant's 0/1 prefix mask (batch, tokens), one kept set for every layer and head, as the
+    attention's per-layer bias (0 kept, -inf evicted), and the kept fraction."""
+    m = mask[0].float()
+    row = torch.where(m > 0, torch.zeros_like(m), torch.full_like(m, float("-inf")))
+    bias = row[None].expand(n_kv_heads, -1).contiguous()
+    return [bias] * n_layers, float(m.mean())
+
+
 def nexusquant_evict_row(ctx, preset):
     from nexusquant import NexusQuantEvict
     from nexusquant.integrations.huggingface import _EVICT_PRESETS
@@ -275,11 +285,8 @@ def nexusquant_evict_row(ctx, preset):
     stored = stored_bits(c, len(ctx["prompt"]))
     for i, l in enumerate(c.layers):
         set_layer(c, i, l.keys.float(), l.values.float())
-    m = mask[0].float()
-    bias_row = torch.where(m > 0, torch.zeros_like(m), torch.full_like(m, float("-inf")))
-    hkv = ctx["config"].num_key_value_heads
-    bias = [bias_row[None].expand(hkv, -1).contiguous() for _ in c.layers]
-    return c, bias, stored, float(m.mean())
+    bias, kept = prefix_mask_bias(mask, ctx["config"].num_key_value_heads, len(c.layers))
+    return c, bias, stored, kept
 
 
 def nexusquant_context_row(ctx, model, kind, arg):
@@ -307,14 +314,10 @@ def nexusquant_context_row(ctx, model, kind, arg):
         mask = getattr(handle, "last_mask", None)
         if mask is None:
             raise RuntimeError("nexusquant_evict's handle has no last_mask after the prefill")
-        m = mask[0].float()
         n = cache.layers[0].keys.shape[2]
-        if m.shape[0] != n:
-            raise RuntimeError(f"last_mask covers {m.shape[0]} tokens, the cache holds {n}")
-        row = torch.where(m > 0, torch.zeros_like(m), torch.full_like(m, float("-inf")))
-        hkv = ctx["config"].num_key_value_heads
-        bias = [row[None].expand(hkv, -1).contiguous() for _ in cache.layers]
-        kept = float(m.mean())
+        if mask.shape[-1] != n:
+            raise RuntimeError(f"last_mask covers {mask.shape[-1]} tokens, the cache holds {n}")
+        bias, kept = prefix_mask_bias(mask, ctx["config"].num_key_value_heads, len(cache.layers))
     return cache, bias, stored, kept
 
 
