@@ -127,7 +127,17 @@ void E8kvBackend::append(int layer, const float* k, const float* v, int64_t posi
     c_.append(cache_, layer, k, v, static_cast<int32_t>(position));
     return;
   }
+  // The checks c_.append would make (the dense rows skip it): a later position, finite values.
+  require(layer >= 0 && layer < cache_.n_layers(), "at-rest append: layer " + std::to_string(layer) + " out of range");
+  auto& last = tail_last_[static_cast<size_t>(layer)];
+  require(position > std::max(last, cache_.last_position(layer)),
+          "at-rest append: position " + std::to_string(position) + " does not follow the stored tokens of layer " +
+              std::to_string(layer));
   const size_t row = static_cast<size_t>(H_) * d_;
+  for (size_t i = 0; i < row; ++i)
+    require(std::isfinite(k[i]) && std::isfinite(v[i]), "at-rest append: non-finite key or value at layer " +
+                                                             std::to_string(layer) + ", element " + std::to_string(i));
+  last = position;
   auto& tk = tail_k_[static_cast<size_t>(layer)];
   auto& tv = tail_v_[static_cast<size_t>(layer)];
   tk.insert(tk.end(), k, k + row);

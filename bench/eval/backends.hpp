@@ -45,7 +45,8 @@ class E8kvBackend : public MeasuredBackend {
   E8kvBackend(const KVCompressor& compressor, const llama::PrefillCapture& capture, const llama::ModelConfig& mc,
               bool at_rest = false)
       : c_(compressor), at_rest_(at_rest), H_(mc.n_kv_heads), Q_(mc.n_heads), d_(mc.head_dim),
-        tail_k_(static_cast<size_t>(mc.n_layers)), tail_v_(static_cast<size_t>(mc.n_layers)) {
+        tail_k_(static_cast<size_t>(mc.n_layers)), tail_v_(static_cast<size_t>(mc.n_layers)),
+        tail_last_(static_cast<size_t>(mc.n_layers), -1) {
     const int64_t n = capture.n_tokens;
     const int H = mc.n_kv_heads, Q = mc.n_heads, d = mc.head_dim;
     SequenceKV seq;
@@ -71,6 +72,7 @@ class E8kvBackend : public MeasuredBackend {
   bool at_rest_;
   int H_, Q_, d_;
   std::vector<std::vector<float>> tail_k_, tail_v_;  // at rest: per layer [tokens, H, d]
+  std::vector<int64_t> tail_last_;                   // at rest: per layer, the last position appended
   std::vector<float> o_codes_, lse_codes_, o_tail_, lse_tail_;
 };
 

@@ -139,6 +139,24 @@ TEST(E8kvBackendAtRest, CodedPrefixMergedWithDenseTailEqualsDenseAttentionOverBo
   }
 }
 
+TEST(E8kvBackendAtRest, RejectsWhatAppendWouldReject) {
+  std::mt19937_64 rng(kSeed + 3);
+  const auto mc = small_model();
+  const auto cap = capture(mc, 80, rng);
+  auto cfg = Config::parse("preset=quant-k3v2");
+  cfg.rope = llama::rope_params(mc);
+  const KVCompressor comp(ModelShape{mc.n_layers, mc.n_kv_heads, mc.n_heads, mc.head_dim}, cfg);
+  E8kvBackend at_rest(comp, cap, mc, /*at_rest=*/true);
+  auto k = gaussian(static_cast<size_t>(mc.n_kv_dim()), rng), v = k;
+  EXPECT_THROW(at_rest.append(0, k.data(), v.data(), 79), Error) << "a position the prefill already holds";
+  EXPECT_THROW(at_rest.append(2, k.data(), v.data(), 80), Error) << "a layer out of range";
+  k[5] = std::nanf("");
+  EXPECT_THROW(at_rest.append(0, k.data(), v.data(), 80), Error) << "a NaN key";
+  k[5] = 0.f;
+  at_rest.append(0, k.data(), v.data(), 80);
+  EXPECT_THROW(at_rest.append(0, k.data(), v.data(), 80), Error) << "the same position twice";
+}
+
 TEST(PeerBackendAtRest, RowsAppendedAfterStopQuantizingAreKeptAsGiven) {
   std::mt19937_64 rng(kSeed + 2);
   const auto mc = small_model();
