@@ -22,6 +22,13 @@ Hot path. A kernel marks its hot code in the source with a `cost-report:` commen
                      shortest path from the kernel's entry through that line to an exit (the
                      common path; the exhaustive E8P fallback and other rare branches are off it),
                      and the longest (each loop once) as an upper bound.
+  "per-open-block pass"  a statement inside the warp-shared exhaustive search's loop (encode):
+                     one trip of the innermost loop holding it is one open block's search,
+                     shared by the whole warp (the longest trip over the kernel's copies, e.g. the
+                     two stages of Rvq3/Rvq4). Its inner loops must be slice loops, marked
+                     "search slice trip, N per lane": they count N trips each. How often a pass
+                     runs depends on the data (open blocks: ~0.1-0.4 % of Gaussian blocks,
+                     tests/codebook/search_fallback_test).
 A CALL counts the instructions of its callee's corresponding path. Paths are divided by the
 vectors a warp handles per step (32 / (D/8) for D/8-lane groups) to give warp-instructions per
 token-head. The real kernels decide the group size, value codec, RoPE mode and dtype at run time,
@@ -80,7 +87,7 @@ def sources():
     kernels = sorted((os.path.join("kernels", f) for f in os.listdir(os.path.join(ROOT, "kernels")) if f.endswith(".cu")),
                      key=lambda f: -os.path.getsize(os.path.join(ROOT, f)))
     return kernels + ["scripts/kernel_cost.cu"]
-MARKER_RE = re.compile(r"cost-report:\s*(per-token loop|per-vector path)")
+MARKER_RE = re.compile(r"cost-report:\s*(per-token loop|per-vector path|per-open-block pass|search slice trip, \d+ per lane)")
 
 
 class CostError(Exception):
@@ -447,10 +454,10 @@ def block_cost_fn(cfg, callees, longest):
 
 
 def marker_lines():
-    """{(file basename, line): kind} of every cost-report marker under include/e8kv/cuda."""
+    """{(file basename, line): kind} of every cost-report marker under include/e8kv/cuda and
+    include/e8kv/codebook (the warp-shared search)."""
     found = {}
-    base = os.path.join(ROOT, "include", "e8kv", "cuda")
-    for root, _, files in os.walk(base):
+    for root, _, files in [w for sub in ("cuda", "codebook") for w in os.walk(os.path.join(ROOT, "include", "e8kv", sub))]:
         for fn in files:
             if not fn.endswith((".cuh", ".hpp")):
                 continue
@@ -465,6 +472,54 @@ def marker_lines():
     return found
 
 
+def loop_trip(f, cfg, callees, head, latch):
+    """Blocks of the loop head..latch and its longest trip (inner loops once)."""
+    lo, hi = cfg.blocks[head][0], cfg.blocks[latch][1]
+    region = {k for k, (s, e) in enumerate(cfg.blocks) if lo <= s and e <= hi}
+    best = dag_paths(cfg, {head}, region, lambda k: False, block_cost_fn(cfg, callees, True), True)
+    if latch not in best:
+        raise CostError(f"{f.name}: a loop latch is not reachable from its header")
+    return region, best[latch]
+
+
+def innermost_loop(cfg, i):
+    """(head, latch) of the smallest loop whose range holds instruction i, or None."""
+    around = [(cfg.blocks[k][1] - cfg.blocks[v][0], v, k) for k in range(len(cfg.blocks)) for v in cfg.succ[k]
+              if cfg.is_back_edge(k, v) and cfg.blocks[v][0] <= i < cfg.blocks[k][1]]
+    return min(around)[1:] if around else None
+
+
+def open_block_pass(f, cfg, callees, marked, slice_marks):
+    """Warp-instructions of one open block's pass: the longest trip of the innermost loop around
+    each per-open-block marker, with each inner slice loop counted for its N trips (N from its
+    marker); the largest over the kernel's copies, and how many copies there are."""
+    slice_loops = {}  # (head, latch) of a slice loop -> trips
+    for i, trips in slice_marks:
+        loop = innermost_loop(cfg, i)
+        if loop is None:
+            raise CostError(f"{f.name}: search slice marker outside any loop")
+        slice_loops[loop] = trips
+    passes = {}
+    for i in marked:
+        loop = innermost_loop(cfg, i)
+        if loop is None:
+            raise CostError(f"{f.name}: per-open-block marker outside any loop")
+        if loop in passes:
+            continue
+        head, latch = loop
+        region, once = loop_trip(f, cfg, callees, head, latch)
+        total = once
+        for k in region:
+            for v in cfg.succ[k]:
+                if v in region and cfg.is_back_edge(k, v) and (k, v) != (latch, head):
+                    if (v, k) not in slice_loops:
+                        raise CostError(f"{f.name}: an open-block pass holds a loop without a slice marker "
+                                        "(unknown trip count)")
+                    total += (slice_loops[(v, k)] - 1) * loop_trip(f, cfg, callees, v, k)[1]
+        passes[loop] = total
+    return max(passes.values()), len(passes)
+
+
 def analyse_hot_path(f, markers):
     """The hot-path figures of one function, or None when it has no marked line."""
     cfg = Cfg(f)
@@ -474,6 +529,16 @@ def analyse_hot_path(f, markers):
         for key in chain:
             if key in markers:
                 hits.setdefault(markers[key], []).append(i)
+    res = analyse_loop_or_vector(f, cfg, callees, hits)
+    if res is not None and "per-open-block pass" in hits:
+        slice_marks = [(i, int(re.search(r"(\d+) per lane", kind).group(1)))
+                       for kind, idx in hits.items() if kind.startswith("search slice trip") for i in idx]
+        res["open_block_pass"], res["open_block_loops"] = open_block_pass(f, cfg, callees, hits["per-open-block pass"],
+                                                                          slice_marks)
+    return res
+
+
+def analyse_loop_or_vector(f, cfg, callees, hits):
     if "per-token loop" in hits:
         marked = set(hits["per-token loop"])
         loops = []
@@ -621,6 +686,8 @@ def analyse_cubin(src, cubin, tools, markers, scenarios):
             row.update(hot_kind=hot["kind"], hot_static=hot["static"], hot_inner_loops=hot["inner_loops"],
                        path_min=hot["min"], path_max=hot["max"], instr_per_token_head=hot["path"] / per_step,
                        instr_per_token_head_max=hot["max"] / per_step)
+            if "open_block_pass" in hot:
+                row.update(open_block_pass=hot["open_block_pass"], open_block_loops=hot["open_block_loops"])
         if scenario and "instr_per_token_head" in row:
             row["bytes_per_token_head"] = scenario["bytes"]
             row.update(roofline(row["instr_per_token_head"], scenario["bytes"]))
@@ -702,6 +769,15 @@ def markdown(report):
         out.append(f"| `{r['kernel']}` | {r['regs']} | {r['local_bytes']} | {r['stack']} | {r['smem']} | {r['threads']} | "
                    f"{r['ctas_per_sm']} | {100 * r['occupancy']:.1f} % | {r['limiter']} | {hot} | "
                    f"{fmt(r.get('instr_per_token_head'), 1)} ({fmt(r.get('instr_per_token_head_max'), 1)}) |")
+    shared = [r for r in rows if r.get("open_block_pass") is not None]
+    if shared:
+        out += ["", "## Warp-shared exhaustive search (encode): one open block", "",
+                "| kernel | loops | warp-instructions per open block (longest) |", "| --- | ---: | ---: |"]
+        for r in shared:
+            label = r["what"] if r["scenario"] else f"`{r['kernel']}`"
+            out.append(f"| {label} | {r['open_block_loops']} | {r['open_block_pass']:.0f} |")
+        out += ["", "A block the quick searches leave open (~0.1-0.4 % of Gaussian blocks) costs its warp one such "
+                "pass; the encode paths above (common path; max: each loop once) count none or one."]
     out += ["", "Real kernels decide G, the value codec, RoPE mode and dtype at run time: their decode loop path is "
             "the heaviest case (G = 8 and the heaviest value decoder), an upper bound. smem is static shared memory: "
             "the head_dim 256 instantiations of rotated_attention_split_kernel take theirs dynamically (52-68 KB, "
@@ -724,7 +800,8 @@ def check(report, thresholds_path):
             for key, field, sense in (("max_regs", "regs", "<="), ("max_local_bytes", "local_bytes", "<="),
                                       ("max_stack", "stack", "<="), ("max_smem", "smem", "<="),
                                       ("min_ctas_per_sm", "ctas_per_sm", ">="),
-                                      ("max_instr_per_token_head", "instr_per_token_head", "<=")):
+                                      ("max_instr_per_token_head", "instr_per_token_head", "<="),
+                                      ("max_open_block_pass", "open_block_pass", "<=")):
                 if key not in rule:
                     continue
                 checked += 1

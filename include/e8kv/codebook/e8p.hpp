@@ -54,7 +54,9 @@
 // run the reference steps themselves. The host runs the exhaustive step column-wise (search_host:
 // the same float operations per pattern as the per-pattern device loop search_generic, so the
 // same answer; checked by the tests). Host batches (encode_batch) run the class search on 4 or 8
-// blocks at once with vector instructions (AVX2 chosen at run time where the CPU has it).
+// blocks at once with vector instructions (AVX2 chosen at run time where the CPU has it). The
+// paged GPU encoders share each open block's exhaustive step across the warp, one slice of the
+// search order per lane (encode_with + detail/search_fallback.hpp): the same index.
 // One core of the development machine (a shared 2.3 GHz Xeon VM): single blocks ≈ 45 M elements/s,
 // batches ≈ 170 M elements/s with AVX2 and ≈ 115 M elements/s with SSE2 (before: ≈ 19 M
 // elements/s, the exhaustive step alone ≈ 10 M elements/s).
@@ -67,7 +69,8 @@
 //
 // Decode: one table load (pattern key + parity bit) plus bit operations.
 // Tables: 1 KB patterns, 8 KB membership bitmap, 2 KB rank bases; one host constexpr copy and,
-// under nvcc, one __constant__ copy per translation unit.
+// under nvcc, one __constant__ copy per translation unit (plus the patterns in global memory for
+// the warp-shared search's coalesced reads).
 #pragma once
 
 #include <cstdint>
@@ -87,10 +90,15 @@ struct E8P {
   static constexpr float kMaxLatticeAbs = e8p_detail::kMaxLatticeAbs;
 
   /// Index of the nearest codeword to kInputScale·x.
-  E8KV_HD static uint32_t encode(const float x[8]) {
+  E8KV_HD static uint32_t encode(const float x[8]) { return encode_with(x, SerialFallback{}); }
+
+  /// encode() with the near-ties' exhaustive search done by `fallback` (search_fallback.hpp):
+  /// the same index whatever the policy.
+  template <class Fallback>
+  E8KV_HD static uint32_t encode_with(const float x[8], const Fallback& fallback) {
     float z[8];
     for (int i = 0; i < 8; ++i) z[i] = fp::mul(x[i], kInputScale);
-    return encode_lattice(z);
+    return encode_lattice_with(z, fallback);
   }
 
   /// encode() of `count` consecutive blocks: index[b] = encode(x + 8b). The host runs it on
@@ -111,13 +119,16 @@ struct E8P {
   }
 
   /// Index of the nearest codeword to z (already in lattice units). Total: see the file comment.
-  E8KV_HD static uint32_t encode_lattice(const float z[8]) {
+  E8KV_HD static uint32_t encode_lattice(const float z[8]) { return encode_lattice_with(z, SerialFallback{}); }
+
+  /// encode_lattice() with the exhaustive step done by `fallback`; every lane calls the policy.
+  template <class Fallback>
+  E8KV_HD static uint32_t encode_lattice_with(const float z[8], const Fallback& fallback) {
     float zs[8];
     for (int i = 0; i < 8; ++i) zs[i] = fp::sanitize(z[i], kMaxLatticeAbs);
     uint32_t index = 0;
-    if (e8p_detail::certified_search(zs, &index)) return index;
-    if (e8p_detail::fast_path(zs, &index)) return index;
-    return e8p_detail::search(zs);
+    const bool decided = e8p_detail::certified_search(zs, &index) || e8p_detail::fast_path(zs, &index);
+    return fallback.template resolve<e8p_detail::Exhaustive>(zs, decided, index);
   }
 
   /// The codeword of `index` in lattice units: exact (multiples of ¼). Bits above 15 are ignored.

@@ -128,6 +128,36 @@ E8KV_HD inline uint32_t search_generic(const float z[8]) {
   return best_index;
 }
 
+#if defined(__CUDACC__)
+/// The points once more, in global memory, for the warp-shared search's coalesced reads (as
+/// e8p_detail::kDevicePatternRows).
+static __device__ const Tables kDevicePointRows = build_tables();
+#endif
+
+/// Slice `slice` of `slices` of search_generic (search_fallback.hpp): the points ≡ slice (mod
+/// slices), key −d² (exact), order = point.
+E8KV_HD inline SearchCandidate search_slice(const float z[8], uint32_t slice, uint32_t slices) {
+  SearchCandidate best{0.0f, kNoSearchCandidate};
+#if E8KV_ON_DEVICE
+#pragma unroll 1
+#endif
+  for (uint32_t p = slice; p < static_cast<uint32_t>(kPointCount); p += slices) {
+#if E8KV_ON_DEVICE
+    const uint32_t word = __ldg(&kDevicePointRows.point[p]);
+#else
+    const uint32_t word = kHostTables.point[p];
+#endif
+    float d2 = 0.0f;
+    for (int i = 0; i < 8; ++i) {
+      const float d = z[i] - coordinate(word, i);
+      d2 = fp::add(d2, fp::mul(d, d));
+    }
+    // cost-report: search slice trip, 8 per lane (one point; the warp passes 32 slices)
+    best = better_candidate(best, SearchCandidate{-d2, p});
+  }
+  return best;
+}
+
 /// Host copy of the points as float columns, so the distance loop vectorizes across points.
 struct HostColumns {
   float coordinate[8][kPointCount];
@@ -184,6 +214,21 @@ inline uint32_t search_host(const float z[8]) {
 // errors stay below 2^-17·(‖r‖² + Σ|r| + 1). Then it is the unique nearest point, which the
 // exhaustive search returns as well. Otherwise (near-ties, ≈ 0.5 % of Rvq3 residuals) the
 // exhaustive search decides. Same answer on every route, host and device.
+
+/// E81B's exhaustive search as the fallback policies take it (search_fallback.hpp).
+struct Exhaustive {
+  E8KV_HD static E8KV_FORCE_INLINE uint32_t search(const float z[8]) {
+#if E8KV_ON_DEVICE
+    return search_generic(z);
+#else
+    return search_host(z);
+#endif
+  }
+  E8KV_HD static E8KV_FORCE_INLINE SearchCandidate slice(const float z[8], uint32_t slice, uint32_t slices) {
+    return search_slice(z, slice, slices);
+  }
+  E8KV_HD static E8KV_FORCE_INLINE uint32_t index_of(const float*, const SearchCandidate& winner) { return winner.order; }
+};
 
 /// Index of the root ±e_i ± e_j (i < j) with the given signs.
 E8KV_HD E8KV_FORCE_INLINE uint32_t pair_root_index(int i, int j, bool negative_i, bool negative_j) {
@@ -363,16 +408,16 @@ struct E81B {
   E8KV_HD static uint32_t encode(const float x[8]) { return encode_lattice(x); }
   E8KV_HD static void decode(uint32_t index, float y[8]) { decode_lattice(index, y); }
 
-  E8KV_HD static uint32_t encode_lattice(const float z[8]) {
+  E8KV_HD static uint32_t encode_lattice(const float z[8]) { return encode_lattice_with(z, SerialFallback{}); }
+
+  /// encode_lattice() with the exhaustive step done by `fallback` (search_fallback.hpp).
+  template <class Fallback>
+  E8KV_HD static uint32_t encode_lattice_with(const float z[8], const Fallback& fallback) {
     float zs[8];
     for (int i = 0; i < 8; ++i) zs[i] = fp::sanitize(z[i], kMaxLatticeAbs);
     uint32_t index = 0;
-    if (e81b_detail::certified_search(zs, &index)) return index;
-#if E8KV_ON_DEVICE
-    return e81b_detail::search_generic(zs);
-#else
-    return e81b_detail::search_host(zs);
-#endif
+    const bool decided = e81b_detail::certified_search(zs, &index);
+    return fallback.template resolve<e81b_detail::Exhaustive>(zs, decided, index);
   }
 
   /// encode() of `count` consecutive blocks (vectorized on the host; the same indices).
@@ -392,16 +437,17 @@ struct E81B {
 
 namespace rvq_detail {
 
-/// Greedy two-stage encode: E8P on s1·x, then Second on s2·residual.
-template <class Second>
-E8KV_HD inline uint32_t encode_two_stage(const float x[8], float s1, float s2) {
+/// Greedy two-stage encode: E8P on s1·x, then Second on s2·residual (each stage's near-ties
+/// finished by `fallback`).
+template <class Second, class Fallback = SerialFallback>
+E8KV_HD inline uint32_t encode_two_stage(const float x[8], float s1, float s2, const Fallback& fallback = Fallback{}) {
   float z[8];
   for (int i = 0; i < 8; ++i) z[i] = fp::sanitize(fp::mul(x[i], s1), E8P::kMaxLatticeAbs);
-  const uint32_t first = E8P::encode_lattice(z);
+  const uint32_t first = E8P::encode_lattice_with(z, fallback);
   float c[8], r[8];
   E8P::decode_lattice(first, c);
   for (int i = 0; i < 8; ++i) r[i] = fp::mul(fp::add(z[i], -c[i]), s2);
-  return first | Second::encode_lattice(r) << 16;
+  return first | Second::encode_lattice_with(r, fallback) << 16;
 }
 
 /// encode_two_stage of `count` consecutive blocks, both stages batched (vectorized on the host).
@@ -448,8 +494,11 @@ struct Rvq3 {
   static constexpr float kInverseInputScale = 1.0f / kInputScale;
   static constexpr float kInverseResidualScale = 1.0f / kResidualScale;
 
-  E8KV_HD static uint32_t encode(const float x[8]) {
-    return rvq_detail::encode_two_stage<E81B>(x, kInputScale, kResidualScale);
+  E8KV_HD static uint32_t encode(const float x[8]) { return encode_with(x, SerialFallback{}); }
+  /// encode() with the near-ties' exhaustive searches done by `fallback` (the same index).
+  template <class Fallback>
+  E8KV_HD static uint32_t encode_with(const float x[8], const Fallback& fallback) {
+    return rvq_detail::encode_two_stage<E81B>(x, kInputScale, kResidualScale, fallback);
   }
   /// encode() of `count` consecutive blocks (vectorized on the host; the same indices).
   E8KV_HD static void encode_batch(const float* x, size_t count, uint32_t* index) {
@@ -469,8 +518,11 @@ struct Rvq4 {
   static constexpr float kInverseInputScale = 1.0f / kInputScale;
   static constexpr float kInverseResidualScale = 1.0f / kResidualScale;
 
-  E8KV_HD static uint32_t encode(const float x[8]) {
-    return rvq_detail::encode_two_stage<E8P>(x, kInputScale, kResidualScale);
+  E8KV_HD static uint32_t encode(const float x[8]) { return encode_with(x, SerialFallback{}); }
+  /// encode() with the near-ties' exhaustive searches done by `fallback` (the same index).
+  template <class Fallback>
+  E8KV_HD static uint32_t encode_with(const float x[8], const Fallback& fallback) {
+    return rvq_detail::encode_two_stage<E8P>(x, kInputScale, kResidualScale, fallback);
   }
   /// encode() of `count` consecutive blocks (vectorized on the host; the same indices).
   E8KV_HD static void encode_batch(const float* x, size_t count, uint32_t* index) {

@@ -56,7 +56,14 @@ E8KV_HD E8KV_FORCE_INLINE void nearest_d8_int(const T x[8], int64_t r[8]) {
       best_delta = d;
     }
   }
-  if (parity & 1) r[best] += (best_delta >= T(0)) ? 1 : -1;
+  const int64_t repair = (parity & 1) ? ((best_delta >= T(0)) ? 1 : -1) : 0;
+#if defined(__CUDA_ARCH__)
+  // A select per coordinate: r[best] with a run-time index would put r in local memory.
+#pragma unroll
+  for (int i = 0; i < 8; ++i) r[i] += i == best ? repair : 0;
+#else
+  r[best] += repair;
+#endif
 }
 
 template <class T>

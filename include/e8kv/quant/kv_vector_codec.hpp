@@ -29,11 +29,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "e8kv/platform.hpp"
 #include "e8kv/numeric/fp.hpp"
 #include "e8kv/numeric/half.hpp"
+#include "e8kv/codebook/detail/search_fallback.hpp"
 #include "e8kv/codebook/host_decode.hpp"
 #include "e8kv/quant/codec_basics.hpp"
 #include "e8kv/transform/hadamard.hpp"
@@ -152,17 +154,34 @@ E8KV_HD inline float unit_scale_factor(double norm2, int d, float scale) {
                     : 0.f;
 }
 
-/// Encodes one 8-block of the rotated vector: u = x·to_u (non-finite x → 0), index = encode(u),
-/// and adds this block's <x, Q> and ‖Q‖² (double, index order) to *xq and *qq.
+namespace detail {
+/// True for codes whose encoder takes a fallback policy (E8P, E81B, Rvq3, Rvq4).
+template <class Code, class = void>
+struct TakesSearchFallback : std::false_type {};
 template <class Code>
-E8KV_HD inline uint32_t encode_block_with_stats(const float x[8], float to_u, double* xq, double* qq) {
+struct TakesSearchFallback<Code, std::void_t<decltype(&Code::template encode_with<codebook::SerialFallback>)>>
+    : std::true_type {};
+
+template <class Code, class Fallback>
+E8KV_HD E8KV_FORCE_INLINE uint32_t encode_block_index(const float u[8], const Fallback& fallback) {
+  if constexpr (TakesSearchFallback<Code>::value) return Code::encode_with(u, fallback);
+  else return Code::encode(u);
+}
+}  // namespace detail
+
+/// Encodes one 8-block of the rotated vector: u = x·to_u (non-finite x → 0), index = encode(u),
+/// and adds this block's <x, Q> and ‖Q‖² (double, index order) to *xq and *qq. `fallback`
+/// finishes the codebook's near-ties (codebook/detail/search_fallback.hpp; the same index).
+template <class Code, class Fallback = codebook::SerialFallback>
+E8KV_HD inline uint32_t encode_block_with_stats(const float x[8], float to_u, double* xq, double* qq,
+                                                const Fallback& fallback = Fallback{}) {
   float u[8], q[8], v[8];
   E8KV_LANE_UNROLL
   for (int i = 0; i < 8; ++i) {
     v[i] = is_finite_value(x[i]) ? x[i] : 0.f;
     u[i] = fp::mul(v[i], to_u);
   }
-  const uint32_t index = Code::encode(u);
+  const uint32_t index = detail::encode_block_index<Code>(u, fallback);
   Code::decode(index, q);
   double a = 0.0, b = 0.0;
   E8KV_LANE_UNROLL

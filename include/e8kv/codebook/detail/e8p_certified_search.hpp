@@ -47,32 +47,44 @@ struct NormTwelveSets {
   NormTwelveSet set[29];
 };
 
+constexpr NormTwelveSet norm_twelve_set(int n) {
+  NormTwelveSet set{};
+  int halves = 0;
+  uint32_t key = 0;
+  for (int i = 0; i < 8; ++i) {
+    if (kNormTwelvePatterns[n][i] == '1') set.half[halves++] = static_cast<uint8_t>(i);
+    else key |= 1u << code_shift(i);
+  }
+  set.key = static_cast<uint16_t>(key);
+  return set;
+}
+
 constexpr NormTwelveSets build_norm_twelve_sets() {
   NormTwelveSets s{};
-  for (int n = 0; n < 29; ++n) {
-    int halves = 0;
-    uint32_t key = 0;
-    for (int i = 0; i < 8; ++i) {
-      if (kNormTwelvePatterns[n][i] == '1') s.set[n].half[halves++] = static_cast<uint8_t>(i);
-      else key |= 1u << code_shift(i);
-    }
-    s.set[n].key = static_cast<uint16_t>(key);
-  }
+  for (int n = 0; n < 29; ++n) s.set[n] = norm_twelve_set(n);
   return s;
 }
 
 inline constexpr NormTwelveSets kHostNormTwelveSets = build_norm_twelve_sets();
-#if defined(__CUDACC__)
-static __constant__ NormTwelveSets kDeviceNormTwelveSets = build_norm_twelve_sets();
-#endif
 
-E8KV_HD E8KV_FORCE_INLINE const NormTwelveSets& norm_twelve_sets() {
-#if E8KV_ON_DEVICE
-  return kDeviceNormTwelveSets;
-#else
-  return kHostNormTwelveSets;
-#endif
-}
+/// Set n as compile-time constants: the c7 loop indexes w with them, so that on the device w
+/// stays in registers (a run-time index, even one read from a table, puts the array in local
+/// memory: 160-320 B per thread and 3 local loads per set before).
+template <int N>
+struct NormTwelveConstants {
+  static constexpr NormTwelveSet kSet = norm_twelve_set(N);
+  static constexpr int kHalf0 = kSet.half[0], kHalf1 = kSet.half[1], kHalf2 = kSet.half[2];
+  static constexpr int32_t kKey = kSet.key;
+};
+
+template <int... N>
+struct IndexList {};
+template <int Count, int... N>
+struct MakeIndexList : MakeIndexList<Count - 1, Count - 1, N...> {};
+template <int... N>
+struct MakeIndexList<0, N...> {
+  typedef IndexList<N...> Type;
+};
 
 /// The certified class search on the lanes of `O` (lanes.hpp: one block per lane; lanes::Scalar
 /// on the device and for single blocks, lanes::Vector<W> in the host batches).
@@ -145,28 +157,45 @@ struct CertifiedSearch {
     offer(l, value, value - two * O::min_of(v[0] - v[1], v[1] - v[2]), O::splat_int(tag + 6));
   }
 
+  /// What the c7 loop carries from set to set.
+  struct NormTwelveBest {
+    F best, second;
+    I key;
+  };
+
+  /// One c7 set (compile-time coordinates), in set order: ties keep the earlier set.
+  template <int N>
+  E8KV_HD static E8KV_FORCE_INLINE void offer_norm_twelve_set(const Shift& s, const F& total, const F& cap,
+                                                              const I& wrong_parity, NormTwelveBest& r) {
+    typedef NormTwelveConstants<N> C;
+    const F zero = O::splat(0.0f), two = O::splat(2.0f);
+    const F& a = s.w[C::kHalf0];
+    const F& b = s.w[C::kHalf1];
+    const F& d = s.w[C::kHalf2];
+    // Repair: the cheaper of a ½ coordinate (2·w) and a 3/2 coordinate (6·w, at best 6·v8).
+    const F repair = O::min_of(two * O::min_of(O::min_of(a, b), d), cap);
+    const F value = (s.base + (total - two * ((a + b) + d))) - O::select(wrong_parity, repair, zero);
+    const I better = O::gt(value, r.best);
+    r.second = O::max_of(r.second, O::select(better, r.best, value));
+    r.best = O::max_of(r.best, value);
+    r.key = O::select(better, O::splat_int(C::kKey), r.key);
+  }
+
+  template <int... N>
+  E8KV_HD static E8KV_FORCE_INLINE void offer_norm_twelve_sets(IndexList<N...>, const Shift& s, const F& total,
+                                                               const F& cap, const I& wrong_parity, NormTwelveBest& r) {
+    const int in_order[] = {(offer_norm_twelve_set<N>(s, total, cap, wrong_parity, r), 0)...};
+    (void)in_order;
+  }
+
   /// Offers the best c7 pattern of one shift, with the second best as its runner-up bound.
   E8KV_HD static E8KV_FORCE_INLINE void offer_norm_twelve(const Shift& s, int shift_bit, Leader& l) {
-    const F zero = O::splat(0.0f), two = O::splat(2.0f);
     const F cap = O::splat(6.0f) * s.sorted[7];
     const I wrong_parity = ~s.odd;  // c7 has parity 1
-    const F total = two * s.sum - O::splat(10.0f);
-    F best = O::splat(-3.0e38f), second = best;
-    I key = O::splat_int(0);
-    for (int n = 0; n < 29; ++n) {
-      const NormTwelveSet& set = norm_twelve_sets().set[n];
-      const F& a = s.w[set.half[0]];
-      const F& b = s.w[set.half[1]];
-      const F& d = s.w[set.half[2]];
-      // Repair: the cheaper of a ½ coordinate (2·w) and a 3/2 coordinate (6·w, at best 6·v8).
-      const F repair = O::min_of(two * O::min_of(O::min_of(a, b), d), cap);
-      const F value = (s.base + (total - two * ((a + b) + d))) - O::select(wrong_parity, repair, zero);
-      const I better = O::gt(value, best);
-      second = O::max_of(second, O::select(better, best, value));
-      best = O::max_of(best, value);
-      key = O::select(better, O::splat_int(set.key), key);
-    }
-    offer(l, best, second, key | O::splat_int(0x10000 | shift_bit << 17));
+    const F total = O::splat(2.0f) * s.sum - O::splat(10.0f);
+    NormTwelveBest r{O::splat(-3.0e38f), O::splat(-3.0e38f), O::splat_int(0)};
+    offer_norm_twelve_sets(typename MakeIndexList<29>::Type{}, s, total, cap, wrong_parity, r);
+    offer(l, r.best, r.second, r.key | O::splat_int(0x10000 | shift_bit << 17));
   }
 
   /// The certified search on sanitized z (lane k: block k). Returns the mask of the lanes whose
@@ -186,10 +215,12 @@ struct CertifiedSearch {
     Shift s[2];
     offer_shift(z, half_sum, 0, s[0], l);
     offer_shift(z, half_sum, 1, s[1], l);
-    for (int shift_bit = 0; shift_bit < 2; ++shift_bit) {  // c7 only where it may win
-      if (O::any(O::ge(s[shift_bit].c7_bound, l.best - margin))) offer_norm_twelve(s[shift_bit], shift_bit, l);
-      else l.others = O::max_of(l.others, s[shift_bit].c7_bound);
-    }
+    // c7 only where it may win. Written out per shift: s[shift_bit] in a loop that nvcc does not
+    // unroll (it holds a branch) would put both Shift records in local memory.
+    if (O::any(O::ge(s[0].c7_bound, l.best - margin))) offer_norm_twelve(s[0], 0, l);
+    else l.others = O::max_of(l.others, s[0].c7_bound);
+    if (O::any(O::ge(s[1].c7_bound, l.best - margin))) offer_norm_twelve(s[1], 1, l);
+    else l.others = O::max_of(l.others, s[1].c7_bound);
     I certified = O::gt(l.best - O::max_of(l.runner_up, l.others), margin);
     // One lane: stop at the first failed certificate. W lanes: branch-free to the end (a lane
     // that fails is simply not taken; testing every lane here costs more than it saves).
@@ -273,5 +304,17 @@ E8KV_HD E8KV_FORCE_INLINE uint32_t search(const float z[8]) {
   return search_host(z);
 #endif
 }
+
+/// E8P's exhaustive search as the fallback policies take it (search_fallback.hpp).
+struct Exhaustive {
+  E8KV_HD static E8KV_FORCE_INLINE uint32_t search(const float z[8]) { return e8p_detail::search(z); }
+  E8KV_HD static E8KV_FORCE_INLINE SearchCandidate slice(const float z[8], uint32_t slice, uint32_t slices) {
+    return search_slice(z, slice, slices);
+  }
+  /// The index of the winning candidate of all slices.
+  E8KV_HD static E8KV_FORCE_INLINE uint32_t index_of(const float z[8], const SearchCandidate& winner) {
+    return index_for(z, winner.order & 0xFFu, winner.order >> 8);
+  }
+};
 
 }  // namespace e8kv::codebook::e8p_detail

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "e8kv/platform.hpp"
+#include "e8kv/codebook/detail/search_fallback.hpp"
 #include "e8kv/lattice/e8.hpp"
 #include "e8kv/numeric/cpu_features.hpp"
 #include "e8kv/numeric/fp.hpp"
@@ -232,6 +233,53 @@ E8KV_HD inline uint32_t search_generic(const float z[8]) {
     }
   }
   return index_for(z, best_id, best_shift);
+}
+
+#if defined(__CUDACC__)
+/// The pattern entries once more, in global memory: the warp-shared search reads 32 consecutive
+/// ids per step, one coalesced line (the same 32 reads from __constant__ memory are serialized).
+struct PatternRows {
+  uint32_t pattern[kPatternCount];
+};
+constexpr PatternRows build_pattern_rows() {
+  PatternRows rows{};
+  const Tables t = build_tables();
+  for (int id = 0; id < kPatternCount; ++id) rows.pattern[id] = t.pattern[id];
+  return rows;
+}
+static __device__ const PatternRows kDevicePatternRows = build_pattern_rows();
+#endif
+
+/// The pattern entry of `id` for the sliced search (identical to tables().pattern[id]).
+E8KV_HD E8KV_FORCE_INLINE uint32_t slice_pattern(uint32_t id) {
+#if E8KV_ON_DEVICE
+  return __ldg(&kDevicePatternRows.pattern[id]);
+#else
+  return kHostTables.pattern[id];
+#endif
+}
+
+/// Slice `slice` of `slices` of search_generic (search_fallback.hpp): the candidates whose place
+/// in its order, shift bit · 256 + pattern id, is ≡ slice (mod slices). The same keys, so the
+/// better_candidate() of all slices is search_generic's winner. One candidate per trip (the
+/// shift by selects, not by a run-time choice of record, which would move both to local memory).
+E8KV_HD inline SearchCandidate search_slice(const float z[8], uint32_t slice, uint32_t slices) {
+  const float half_sum = half_sum_of(z);
+  const ShiftedInput s0 = shifted_input(z, 0, half_sum), s1 = shifted_input(z, 1, half_sum);
+  SearchCandidate best{0.0f, kNoSearchCandidate};
+#if E8KV_ON_DEVICE
+#pragma unroll 1
+#endif
+  for (uint32_t order = slice; order < 2u * kPatternCount; order += slices) {
+    // cost-report: search slice trip, 16 per lane (one candidate; the warp passes 32 slices)
+    const bool upper = order >= static_cast<uint32_t>(kPatternCount);
+    ShiftedInput s;
+    for (int i = 0; i < 8; ++i) s.w[i] = upper ? s1.w[i] : s0.w[i];
+    s.negative_parity = upper ? s1.negative_parity : s0.negative_parity;
+    s.offset = upper ? s1.offset : s0.offset;
+    best = better_candidate(best, SearchCandidate{pattern_search_key(slice_pattern(order & 0xFFu), s), order});
+  }
+  return best;
 }
 
 /// Host copy of the patterns as float columns, so the key loop vectorizes across patterns.

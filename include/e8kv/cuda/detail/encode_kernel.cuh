@@ -77,7 +77,7 @@ __device__ __forceinline__ uint32_t encode_lane(float v[8], int lane, int kind, 
   const double norm2 = lane_tree_sum<kLanes>(quant::block_sum_squares(v));
   const float to_u = quant::unit_scale_factor(norm2, D, scale);
   double xq = 0.0, qq = 0.0;
-  const uint32_t index = quant::encode_block_with_stats<Code>(v, to_u, &xq, &qq);
+  const uint32_t index = quant::encode_block_with_stats<Code>(v, to_u, &xq, &qq, DeviceWarpFallback{});
   xq = lane_tree_sum<kLanes>(xq);
   qq = lane_tree_sum<kLanes>(qq);
   gain = quant::gain_from_stats(policy, norm2, xq, qq);

@@ -44,6 +44,36 @@ inline constexpr bool kIsFp16 = std::is_same_v<Code, Fp16Code>;
 template <class Code>
 inline constexpr int kLaneCodeBytes = kIsFp16<Code> ? 16 : Code::kIndexBits / 8;
 
+// ---- the warp-shared exhaustive searches ---------------------------------------------------------
+
+/// codebook::share_open_searches' warp policy on the device: one lane per thread, shuffles.
+struct DeviceSearchWarp {
+  static constexpr int kLanes = 1;
+  int lane_id = 0;
+  __device__ __forceinline__ int lane(int) const { return lane_id; }
+  __device__ __forceinline__ uint32_t ballot(const bool (&pred)[1]) const { return __ballot_sync(kFullMask, pred[0]); }
+  __device__ __forceinline__ void broadcast(float (&v)[1], int src) const { v[0] = __shfl_sync(kFullMask, v[0], src); }
+  template <class T>
+  __device__ __forceinline__ void exchange_xor(const T (&v)[1], int m, T (&out)[1]) const {
+    out[0] = __shfl_xor_sync(kFullMask, v[0], m);
+  }
+};
+
+/// The encoders' fallback policy in the paged kernels (codebook/detail/search_fallback.hpp): the
+/// warp shares each open block's exhaustive search. Every lane of the warp must call the encoder.
+struct DeviceWarpFallback {
+  template <class Search>
+  __device__ __forceinline__ uint32_t resolve(const float z[8], bool decided, uint32_t index) const {
+    float zl[1][8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) zl[0][i] = z[i];
+    const bool d[1] = {decided};
+    uint32_t result[1] = {index};
+    codebook::share_open_searches<Search>(DeviceSearchWarp{static_cast<int>(threadIdx.x & 31u)}, zl, d, result);
+    return result[0];
+  }
+};
+
 // ---- reductions over a lane group -------------------------------------------------------------
 
 /// Sum over the kLanes lanes of the group as an xor-butterfly: every lane gets the pairwise tree
