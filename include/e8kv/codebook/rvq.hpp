@@ -24,11 +24,13 @@
 // E81B's dropped point: every ±2e_i is nearest for ≈ 0.11 % of Rvq3 residuals, and dropping any
 // one of the 16 gives 0.029502–0.029507 (400,000 blocks, seed 91), so the choice is immaterial;
 // −2e_7, the last in the enumeration order, is left out.
-// Tables: E81B 1 KB (one host constexpr copy, one __constant__ copy per nvcc translation unit).
+// Tables: E81B 1 KB (one host constexpr copy, one __constant__ copy per nvcc translation unit,
+// and one in global memory for the warp-shared search).
 // E81B's encoder is defined by its exhaustive search; a certified class search (sorting |r|, see
 // e81b_detail) returns the same index without it for ≈ 99 % of residuals, the search decides the
 // near-ties. The host runs the search column-wise (same float operations, same answer as the
-// per-point device loop). encode_batch runs both stages on 4 or 8 blocks at once on the host
+// per-point loop); the paged GPU encoders share it across the warp, 8 points per lane
+// (encode_with, detail/search_fallback.hpp). encode_batch runs both stages on 4 or 8 blocks at once on the host
 // (vector instructions, AVX2 chosen at run time), with the same indices as encode.
 // One core of the development machine (shared 2.3 GHz Xeon VM), elements/s: Rvq3 single blocks
 // ≈ 30 M, batches ≈ 100 M; Rvq4 ≈ 20 M and ≈ 85 M (before: ≈ 11 M and ≈ 10 M).
