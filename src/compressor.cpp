@@ -143,7 +143,7 @@ std::vector<int64_t> spread_evictions(const std::vector<std::vector<float>>& tok
 }  // namespace
 
 std::vector<LayerRate> KVCompressor::allocate_rates(const SequenceKV& prefill, const std::vector<LayerQueries>* queries,
-                                                    Executor* executor) const {
+                                                    Executor* executor, const std::vector<int64_t>& layer_tokens) const {
   const int L = shape_.n_layers;
   detail::require(static_cast<int>(prefill.layers.size()) == L, "compress: {} layers given, model has {}",
                   prefill.layers.size(), L);
@@ -193,7 +193,47 @@ std::vector<LayerRate> KVCompressor::allocate_rates(const SequenceKV& prefill, c
     sensitivity[static_cast<size_t>(l)] = select::estimate_sensitivity(in);
   });
   return select::allocate_rates(sensitivity, select::block_rate_options(shape_.head_dim), config_.rate_budget, fixed,
-                                fixed_rate);
+                                fixed_rate, layer_tokens);
+}
+
+/// What score_chunk gives: per layer the per-token scores with the KV heads combined
+/// (Config::head_aggregation); with the spread also each layer's scores and evicted count.
+struct KVCompressor::ChunkScores {
+  std::vector<std::vector<float>> token_scores;
+  std::vector<select::LayerScores> layer_scores;
+  std::vector<int64_t> spread_counts;
+};
+
+namespace {
+/// The eviction options of a chunk that follows `before` tokens: the sequence's first `sinks`
+/// tokens are always kept (and, with fp16_sinks, pinned in fp16), whichever call brings them.
+select::EvictionOptions chunk_eviction_options(const Config& config, int64_t before, int64_t n) {
+  select::EvictionOptions eo = config.eviction_options();
+  eo.sinks = static_cast<int>(std::clamp<int64_t>(config.sinks - before, 0, n));
+  return eo;
+}
+}  // namespace
+
+KVCompressor::ChunkScores KVCompressor::score_chunk(const SequenceKV& chunk, const std::vector<LayerQueries>* queries,
+                                                    Executor* executor, const std::vector<int32_t>& positions,
+                                                    float softmax_scale, int64_t before, bool spread) const {
+  const int64_t n = chunk.tokens();
+  const select::ScorerOptions so = config_.scorer_options();
+  ChunkScores out;
+  out.token_scores.resize(static_cast<size_t>(shape_.n_layers));
+  if (spread) out.layer_scores.resize(static_cast<size_t>(shape_.n_layers));
+  run_tasks(executor, shape_.n_layers, [&](int64_t li) {
+    const int l = static_cast<int>(li);
+    const LayerKV& kv = chunk.layers[static_cast<size_t>(l)];
+    check_layer_view(kv.keys, shape_, n, "keys", l);
+    require_finite_layer(kv.keys, "keys", l);  // before scoring: the error names the element
+    const LayerQueries* lq = queries ? &(*queries)[static_cast<size_t>(l)] : nullptr;
+    auto scores = select::score_layer(kv.keys, positions.data(), lq, so, softmax_scale);
+    out.token_scores[static_cast<size_t>(l)] = select::aggregate_heads(scores, config_.head_aggregation);
+    if (spread) out.layer_scores[static_cast<size_t>(l)] = std::move(scores);
+  });
+  if (spread) out.spread_counts = spread_evictions(out.token_scores, chunk_eviction_options(config_, before, n));
+  return out;
 }
 
 CompressedKV KVCompressor::compress(const SequenceKV& prefill, const std::vector<LayerQueries>* queries,
@@ -203,12 +243,36 @@ CompressedKV KVCompressor::compress(const SequenceKV& prefill, const std::vector
     extend(cache, prefill, queries, executor);
     return cache;
   }
-  // Rate allocation: this prefill's per-layer codes, recorded in the cache's own layout.
+  // Rate allocation: this prefill's per-layer codes, recorded in the cache's own layout. With
+  // eviction spread over layers the layers keep different numbers of tokens: the chunk is scored
+  // first, and each layer's bits weigh in the budget by the tokens it codes (kept, less the
+  // fp16-pinned sinks and tier, which every layer has alike).
+  const int64_t n = prefill.tokens();
+  const bool spread = config_.eviction_rate > 0.0 && config_.layer_adaptive_eviction && n > 0;
+  std::unique_ptr<ChunkScores> scored;
+  std::vector<int64_t> layer_tokens;
+  if (spread) {
+    detail::require(static_cast<int>(prefill.layers.size()) == shape_.n_layers, "compress: {} layers given, model has {}",
+                    prefill.layers.size(), shape_.n_layers);
+    require(queries == nullptr || static_cast<int>(queries->size()) == shape_.n_layers,
+            "compress: queries must hold one LayerQueries per layer");
+    std::vector<int32_t> pos(static_cast<size_t>(n));
+    for (int64_t t = 0; t < n; ++t) {
+      pos[static_cast<size_t>(t)] = prefill.position(t);
+      require(pos[static_cast<size_t>(t)] >= 0 && (t == 0 || pos[static_cast<size_t>(t)] > pos[static_cast<size_t>(t - 1)]),
+              "compress: positions must be >= 0 and strictly increasing");
+    }
+    scored = std::make_unique<ChunkScores>(
+        score_chunk(prefill, queries, executor, pos, codecs_->layout().effective_softmax_scale(), 0, true));
+    const int64_t pinned = (config_.fp16_sinks ? std::min<int64_t>(config_.sinks, n) : 0) +
+                           select::tier_count(n, config_.fp16_tier);
+    for (int64_t evicted : scored->spread_counts) layer_tokens.push_back(std::max<int64_t>(n - evicted - pinned, 0));
+  }
   Config allocated = config_;
-  allocated.layer_rates = allocate_rates(prefill, queries, executor);
+  allocated.layer_rates = allocate_rates(prefill, queries, executor, layer_tokens);
   allocated.rate_budget = 0.0;
   CompressedKV cache(std::make_shared<const CacheCodecs>(make_layout(allocated, shape_)));
-  extend(cache, prefill, queries, executor);
+  extend_scored(cache, prefill, queries, executor, scored.get());
   return cache;
 }
 
@@ -238,6 +302,11 @@ void KVCompressor::check_cache(const CompressedKV& cache, const char* what) cons
 
 void KVCompressor::extend(CompressedKV& cache, const SequenceKV& chunk, const std::vector<LayerQueries>* queries,
                           Executor* executor) const {
+  extend_scored(cache, chunk, queries, executor, nullptr);
+}
+
+void KVCompressor::extend_scored(CompressedKV& cache, const SequenceKV& chunk, const std::vector<LayerQueries>* queries,
+                                 Executor* executor, ChunkScores* scored) const {
   check_cache(cache, "extend");
   detail::require(static_cast<int>(chunk.layers.size()) == shape_.n_layers, "compress: {} layers given, model has {}",
                   chunk.layers.size(), shape_.n_layers);
@@ -256,13 +325,7 @@ void KVCompressor::extend(CompressedKV& cache, const SequenceKV& chunk, const st
   const bool evict = config_.eviction_rate > 0.0 && n > 0;
   const int64_t tier = select::tier_count(n, config_.fp16_tier);  // fp16-tier tokens per kept set
   const bool score = evict || tier > 0;
-  // The sequence's first `sinks` tokens are always kept (eviction) and, with fp16_sinks, pinned
-  // in fp16, whichever call brings them.
-  auto eviction_options = [&](int64_t before) {
-    select::EvictionOptions eo = config_.eviction_options();
-    eo.sinks = static_cast<int>(std::clamp<int64_t>(config_.sinks - before, 0, n));
-    return eo;
-  };
+  auto eviction_options = [&](int64_t before) { return chunk_eviction_options(config_, before, n); };
 
   // Shared selection (one kept set and fp16 tier for every layer, from the mean over layers of
   // each layer's normalized per-token scores) and eviction spread over layers (per-layer evicted
@@ -280,21 +343,16 @@ void KVCompressor::extend(CompressedKV& cache, const SequenceKV& chunk, const st
       detail::require(cache.layer(l).original_tokens == before,
                       "compress: {} needs every layer at the same length; layer {} has {} tokens, layer 0 {}", mode,
                       l, cache.layer(l).original_tokens, before);
-    std::vector<std::vector<float>> token_scores(static_cast<size_t>(shape_.n_layers));
-    if (spread) spread_scores.resize(static_cast<size_t>(shape_.n_layers));
-    run_tasks(executor, shape_.n_layers, [&](int64_t li) {
-      const int l = static_cast<int>(li);
-      const LayerKV& kv = chunk.layers[static_cast<size_t>(l)];
-      check_layer_view(kv.keys, shape_, n, "keys", l);
-      require_finite_layer(kv.keys, "keys", l);  // before scoring: the error names the element
-      const LayerQueries* lq = queries ? &(*queries)[static_cast<size_t>(l)] : nullptr;
-      auto scores = select::score_layer(kv.keys, pos.data(), lq, so, cache.layout().effective_softmax_scale());
-      token_scores[static_cast<size_t>(l)] = select::aggregate_heads(scores, config_.head_aggregation);
-      if (spread) spread_scores[static_cast<size_t>(l)] = std::move(scores);
-    });
+    ChunkScores fresh;
+    if (scored == nullptr) {
+      fresh = score_chunk(chunk, queries, executor, pos, cache.layout().effective_softmax_scale(), before, spread);
+      scored = &fresh;
+    }
+    const std::vector<std::vector<float>>& token_scores = scored->token_scores;
     const select::EvictionOptions eo = eviction_options(before);
     if (spread) {
-      spread_counts = spread_evictions(token_scores, eo);
+      spread_scores = std::move(scored->layer_scores);
+      spread_counts = scored->spread_counts;
     } else {
       std::vector<double> acc(static_cast<size_t>(n), 0.0);
       for (int l = 0; l < shape_.n_layers; ++l) {

@@ -263,7 +263,8 @@ LayerSensitivity estimate_sensitivity(const SensitivityInput& in) {
 
 std::vector<LayerRate> allocate_rates(const std::vector<LayerSensitivity>& sensitivity,
                                       const std::vector<RateOption>& options, double budget_bits,
-                                      const std::vector<bool>& fixed, const std::vector<LayerRate>& fixed_rate) {
+                                      const std::vector<bool>& fixed, const std::vector<LayerRate>& fixed_rate,
+                                      const std::vector<int64_t>& layer_tokens) {
   const size_t L = sensitivity.size();
   require(!options.empty(), "allocate_rates: no rate options");
   for (size_t i = 0; i < options.size(); ++i) {
@@ -273,6 +274,8 @@ std::vector<LayerRate> allocate_rates(const std::vector<LayerSensitivity>& sensi
   }
   require(fixed.empty() || fixed.size() == L, "allocate_rates: fixed must be empty or one per layer");
   require(fixed.empty() || fixed_rate.size() == L, "allocate_rates: fixed_rate must be one per layer");
+  require(layer_tokens.empty() || layer_tokens.size() == L, "allocate_rates: layer_tokens must be empty or one per layer");
+  for (int64_t w : layer_tokens) require(w >= 0, "allocate_rates: layer_tokens must be >= 0");
   require(std::isfinite(budget_bits) && budget_bits >= options.front().bits,
           fmt::format("allocate_rates: budget {} bits per element is below the cheapest option ({} bits)", budget_bits,
                       options.front().bits));
@@ -285,35 +288,40 @@ std::vector<LayerRate> allocate_rates(const std::vector<LayerSensitivity>& sensi
     size_t layer;
     bool value;
     double weight;
+    int64_t elements;  ///< what one bit per element costs, in budget units (1, or the layer's tokens)
     size_t option = 0;
   };
   std::vector<Item> items;
+  int64_t units = 0;
   for (size_t l = 0; l < L; ++l) {
     if (!fixed.empty() && fixed[l]) continue;
-    items.push_back(Item{l, false, sensitivity[l].key});
-    items.push_back(Item{l, true, sensitivity[l].value});
+    const int64_t elements = layer_tokens.empty() ? 1 : layer_tokens[l];
+    items.push_back(Item{l, false, sensitivity[l].key, elements});
+    items.push_back(Item{l, true, sensitivity[l].value, elements});
+    units += 2 * elements;
   }
-  // The budget in bit steps: Σ bits over items <= budget · items (a whole number of bits).
-  const int64_t total_bits = static_cast<int64_t>(std::floor(budget_bits * static_cast<double>(items.size()) + 1e-9));
-  int64_t spent = static_cast<int64_t>(items.size()) * options.front().bits;
+  // The budget in bit steps: Σ bits · elements over items <= budget · Σ elements (whole bits).
+  const int64_t total_bits = static_cast<int64_t>(std::floor(budget_bits * static_cast<double>(units) + 1e-9));
+  int64_t spent = 0;
+  for (const Item& it : items) spent += it.elements * options.front().bits;
   for (;;) {
-    // The upgrade (to the next option) removing the most error per bit that still fits.
+    // The upgrade (to the next option) removing the most error per element-bit that still fits.
     size_t best = items.size();
     double best_gain = -1.0;
     for (size_t i = 0; i < items.size(); ++i) {
       const Item& it = items[i];
       if (it.option + 1 >= options.size()) continue;
-      const int64_t cost = options[it.option + 1].bits - options[it.option].bits;
+      const int64_t cost = (options[it.option + 1].bits - options[it.option].bits) * it.elements;
       if (spent + cost > total_bits) continue;
-      const double gain =
-          it.weight * (options[it.option].distortion - options[it.option + 1].distortion) / static_cast<double>(cost);
+      const double gain = it.weight * (options[it.option].distortion - options[it.option + 1].distortion) /
+                          static_cast<double>(cost > 0 ? cost : 1);
       if (gain > best_gain) {  // strict: ties keep the earlier item (lower layer, keys first)
         best_gain = gain;
         best = i;
       }
     }
     if (best == items.size()) break;
-    spent += options[items[best].option + 1].bits - options[items[best].option].bits;
+    spent += (options[items[best].option + 1].bits - options[items[best].option].bits) * items[best].elements;
     ++items[best].option;
   }
   std::vector<LayerRate> rates(L);
@@ -324,20 +332,22 @@ std::vector<LayerRate> allocate_rates(const std::vector<LayerSensitivity>& sensi
 }
 
 double mean_index_bits(const std::vector<LayerRate>& rates, const std::vector<RateOption>& options,
-                       const std::vector<bool>& fixed) {
+                       const std::vector<bool>& fixed, const std::vector<int64_t>& layer_tokens) {
+  require(layer_tokens.empty() || layer_tokens.size() == rates.size(),
+          "mean_index_bits: layer_tokens must be empty or one per layer");
   auto bits = [&](quant::Codec c) {
     for (const auto& o : options)
       if (o.codec == c) return o.bits;
     throw Error(fmt::format("mean_index_bits: codec '{}' is not among the rate options", quant::to_string(c)));
   };
-  double sum = 0.0;
-  size_t count = 0;
+  double sum = 0.0, count = 0.0;
   for (size_t l = 0; l < rates.size(); ++l) {
     if (!fixed.empty() && fixed[l]) continue;
-    sum += bits(rates[l].key) + bits(rates[l].value);
-    count += 2;
+    const double w = layer_tokens.empty() ? 1.0 : static_cast<double>(layer_tokens[l]);
+    sum += w * (bits(rates[l].key) + bits(rates[l].value));
+    count += 2.0 * w;
   }
-  return count == 0 ? 0.0 : sum / static_cast<double>(count);
+  return count == 0.0 ? 0.0 : sum / count;
 }
 
 }  // namespace e8kv::select

@@ -44,7 +44,8 @@ struct Config {
   std::vector<LayerRate> layer_rates;  ///< empty, or one entry per layer (overrides the two codecs)
   /// Rate allocation (select/rate_allocation.hpp): when > 0, compress() chooses each layer's key
   /// and value codes among E8P / Rvq3 / Rvq4 (2 / 3 / 4 index bits per element) so that their mean
-  /// index bits over the unprotected layers' keys and values is at most this (2 to 4), spending
+  /// index bits over the unprotected layers' keys and values (per coded element: with
+  /// layer_adaptive_eviction each layer weighs by the tokens it codes) is at most this (2 to 4), spending
   /// bits where the observation queries say errors cost the most. The cache records the chosen
   /// codes (as layer_rates would); key_codec / value_codec are then unused, layer_rates must be
   /// empty. Gains, means, positions and the fp16 window come on top (docs/accuracy.md counts them).

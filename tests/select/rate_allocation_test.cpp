@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -13,6 +14,7 @@
 #include "e8kv/compressor.hpp"
 #include "e8kv/entropy/container.hpp"
 #include "e8kv/error.hpp"
+#include "e8kv/parallel.hpp"
 #include "testing/kv_fixture.hpp"
 
 namespace e8kv::select {
@@ -84,6 +86,54 @@ TEST(RateAllocation, BudgetIsMetExactlyWhenReachable) {
   std::vector<LayerSensitivity> three(3, {1.0, 1.0});
   EXPECT_DOUBLE_EQ(mean_index_bits(allocate_rates(three, options, 2.1), options), 2.0);
   EXPECT_DOUBLE_EQ(mean_index_bits(allocate_rates(three, options, 2.2), options), 2.0 + 1.0 / 6);
+}
+
+TEST(RateAllocation, LayerTokensWeighTheBudget) {
+  const uint64_t seed = 20261204;
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  std::mt19937_64 rng(seed);
+  std::lognormal_distribution<double> sens(0.0, 1.5);
+  std::uniform_int_distribution<int64_t> tokens(0, 300);
+  const auto options = convex_options();
+  for (int trial = 0; trial < 60; ++trial) {
+    const int L = 1 + trial % 5;
+    std::vector<LayerSensitivity> s(static_cast<size_t>(L));
+    for (auto& x : s) x = {sens(rng), sens(rng)};
+    std::vector<int64_t> w(static_cast<size_t>(L));
+    for (auto& x : w) x = tokens(rng);
+    const double budget = 2.0 + 0.25 * (trial % 9);
+    const auto got = allocate_rates(s, options, budget, {}, {}, w);
+    const double rate = mean_index_bits(got, options, {}, w);
+    EXPECT_LE(rate, budget + 1e-12) << "trial " << trial;
+    // Nothing more fits: every remaining upgrade would cross the budget.
+    int64_t units = 0, spent = 0;
+    for (int l = 0; l < L; ++l) {
+      units += 2 * w[static_cast<size_t>(l)];
+      spent += w[static_cast<size_t>(l)] * (quant::index_bits(got[static_cast<size_t>(l)].key) / 8 +
+                                            quant::index_bits(got[static_cast<size_t>(l)].value) / 8);
+    }
+    const int64_t total = static_cast<int64_t>(std::floor(budget * static_cast<double>(units) + 1e-9));
+    for (int l = 0; l < L; ++l)
+      for (Codec c : {got[static_cast<size_t>(l)].key, got[static_cast<size_t>(l)].value})
+        if (c != Codec::kRvq4 && w[static_cast<size_t>(l)] > 0) {
+          EXPECT_GT(spent + w[static_cast<size_t>(l)], total) << "trial " << trial << " layer " << l;
+        }
+    // Equal weights are the unweighted allocation.
+    const std::vector<int64_t> equal(static_cast<size_t>(L), 37);
+    const auto a = allocate_rates(s, options, budget), b = allocate_rates(s, options, budget, {}, {}, equal);
+    for (int l = 0; l < L; ++l) {
+      EXPECT_EQ(a[static_cast<size_t>(l)].key, b[static_cast<size_t>(l)].key);
+      EXPECT_EQ(a[static_cast<size_t>(l)].value, b[static_cast<size_t>(l)].value);
+    }
+    EXPECT_DOUBLE_EQ(mean_index_bits(a, options), mean_index_bits(b, options, {}, equal));
+  }
+  // A layer that codes few tokens gets its bits cheaply: same sensitivities, 10 vs 1000 tokens.
+  const std::vector<LayerSensitivity> same(2, {1.0, 1.0});
+  const auto r = allocate_rates(same, options, 2.5, {}, {}, {10, 1000});
+  EXPECT_EQ(r[0].key, Codec::kRvq4);
+  EXPECT_EQ(r[0].value, Codec::kRvq4);
+  EXPECT_THROW(allocate_rates(same, options, 2.5, {}, {}, {10}), Error);
+  EXPECT_THROW(allocate_rates(same, options, 2.5, {}, {}, {10, -1}), Error);
 }
 
 TEST(RateAllocation, BitsGoWhereTheErrorIs) {
@@ -282,6 +332,52 @@ TEST(RateAllocation, CompressorSpendsTheBudgetAndKeepsItsCodes) {
   EXPECT_THROW(other.append(back, 0, k.data(), v.data(), spec.tokens + 6), Error);
   KVCompressor fixed_rates(fx.shape, Config::parse("preset=quant-k3v2"));
   EXPECT_THROW(fixed_rates.append(back, 0, k.data(), v.data(), spec.tokens + 6), Error);
+}
+
+TEST(RateAllocation, EvictionSpreadOverLayersWeighsEachLayerByItsCodedTokens) {
+  synth::SyntheticSpec spec;
+  spec.n_layers = 6;
+  spec.tokens = 200;
+  spec.seed = 12;
+  testkit::Fixture fx(spec);
+  // The layer that keeps the most tokens is made the most sensitive (the other layers' values
+  // get a large common offset, which the output carries and the centred code errors do not:
+  // their relative error drops; scores read keys only, so the kept counts stay). An allocation
+  // that weighs layers alike gives it bits that cost more than the budget allows.
+  std::vector<int64_t> kept;
+  const CompressedKV plain_cache =
+      KVCompressor(fx.shape, Config::parse("preset=quant-k3v2,evict=0.4,evict_layers=1")).compress(fx.seq, &fx.queries);
+  for (int l = 0; l < spec.n_layers; ++l) kept.push_back(plain_cache.stored_tokens(l));
+  const size_t busiest = static_cast<size_t>(std::max_element(kept.begin(), kept.end()) - kept.begin());
+  for (size_t l = 0; l < kept.size(); ++l)
+    if (l != busiest)
+      for (auto& x : fx.data.values[l]) x += 4.f;
+  const Config c = Config::parse("preset=quant-k3v2,budget=2.5,evict=0.4,evict_layers=1");
+  KVCompressor comp(fx.shape, c);
+  ThreadPool pool(2);
+  const CompressedKV cache = comp.compress(fx.seq, &fx.queries);
+  EXPECT_EQ(entropy::serialize(comp.compress(fx.seq, &fx.queries, &pool)), entropy::serialize(cache));
+  const CacheLayout& L = cache.layout();
+  // The tokens each layer codes: kept, less the pinned sinks (fp16_sinks).
+  std::vector<int64_t> coded;
+  double bits = 0.0, units = 0.0, plain = 0.0;
+  for (int l = 0; l < spec.n_layers; ++l) {
+    coded.push_back(cache.stored_tokens(l) - c.sinks);
+    const double b = quant::index_bits(L.key_codec[static_cast<size_t>(l)]) / 8.0 +
+                     quant::index_bits(L.value_codec[static_cast<size_t>(l)]) / 8.0;
+    bits += b * static_cast<double>(coded.back());
+    units += 2.0 * static_cast<double>(coded.back());
+    plain += b;
+    std::printf("layer %d: %lld coded tokens, key %s value %s\n", l, static_cast<long long>(coded.back()),
+                quant::to_string(L.key_codec[static_cast<size_t>(l)]), quant::to_string(L.value_codec[static_cast<size_t>(l)]));
+  }
+  std::printf("mean index bits: %.4f by coded tokens, %.4f per layer alike\n", bits / units, plain / (2 * spec.n_layers));
+  ASSERT_NE(*std::min_element(coded.begin(), coded.end()), *std::max_element(coded.begin(), coded.end()))
+      << "the spread must keep different counts here, or this test checks nothing";
+  for (int l = 0; l < spec.n_layers; ++l) EXPECT_EQ(cache.stored_tokens(l), kept[static_cast<size_t>(l)]);
+  EXPECT_LE(bits / units, 2.5 + 1e-12);
+  // Close to the budget: what is left is less than one bit of the costliest layer's elements.
+  EXPECT_GT(bits / units, 2.5 - static_cast<double>(*std::max_element(coded.begin(), coded.end())) / units);
 }
 
 TEST(RateAllocation, ConfigChecksTheBudget) {

@@ -81,20 +81,24 @@ struct SensitivityInput {
 LayerSensitivity estimate_sensitivity(const SensitivityInput& in);
 
 /// Codes per layer that minimise Σ_l S_K(l)·D(key) + S_V(l)·D(value) with the mean index bits
-/// per element over the free layers' keys and values <= budget_bits (every layer weighs the same:
-/// their token counts are equal at compress time). `fixed[l]` (optional, one per layer) keeps a
-/// layer at `fixed_rate[l]` outside the budget (protected fp16 layers). Starts every free item at
-/// the cheapest option and buys bits in the order of error removed per bit; ties go to the lower
-/// layer, keys before values. Throws e8kv::Error when the budget is below the cheapest option or
-/// an input is non-finite or negative. The result's mean rate is the largest one <= budget the
-/// options can reach (exactly the budget when budget·2·layers is a whole number of bit steps).
+/// per element over the free layers' keys and values <= budget_bits. `layer_tokens` (optional,
+/// one per layer, >= 0) weighs each layer's elements by the tokens it codes (eviction spread over
+/// layers keeps different counts); empty: every layer weighs the same. `fixed[l]` (optional, one
+/// per layer) keeps a layer at `fixed_rate[l]` outside the budget (protected fp16 layers). Starts
+/// every free item at the cheapest option and buys bits in the order of error removed per
+/// element-bit (per bit, unweighted); ties go to the lower layer, keys before values. Throws
+/// e8kv::Error when the budget is below the cheapest option or an input is non-finite or
+/// negative. The result's mean rate is the largest one <= budget this order reaches (unweighted:
+/// exactly the budget when budget·2·layers is a whole number of bit steps).
 std::vector<LayerRate> allocate_rates(const std::vector<LayerSensitivity>& sensitivity,
                                       const std::vector<RateOption>& options, double budget_bits,
                                       const std::vector<bool>& fixed = {},
-                                      const std::vector<LayerRate>& fixed_rate = {});
+                                      const std::vector<LayerRate>& fixed_rate = {},
+                                      const std::vector<int64_t>& layer_tokens = {});
 
-/// Mean index bits per element of the free (not fixed) layers of a rate profile.
+/// Mean index bits per element of the free (not fixed) layers of a rate profile, each layer
+/// weighed by layer_tokens (empty: alike).
 double mean_index_bits(const std::vector<LayerRate>& rates, const std::vector<RateOption>& options,
-                       const std::vector<bool>& fixed = {});
+                       const std::vector<bool>& fixed = {}, const std::vector<int64_t>& layer_tokens = {});
 
 }  // namespace e8kv::select
