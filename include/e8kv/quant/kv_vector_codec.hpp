@@ -463,9 +463,17 @@ E8KV_HD E8KV_FORCE_INLINE void lane_fwht_in_register(float v[8]) {
 }
 
 /// One cross-lane butterfly stage: `partner` is the same register of lane L ^ m. The lane whose
-/// bit m is clear holds u and keeps u + v; the other holds v and keeps u - v.
+/// bit m is clear holds u and keeps u + v; the other holds v and keeps u - v = (−v) + u. Written
+/// as one signed add: ±1·mine is exact, so the device's fused multiply-add rounds once, as the
+/// host's add does (the same bits, signed zeros included), in one instruction instead of two
+/// adds and a select.
 E8KV_HD E8KV_FORCE_INLINE float lane_butterfly(float mine, float partner, bool upper) {
-  return upper ? partner - mine : mine + partner;
+  const float sign = upper ? -1.0f : 1.0f;
+#if E8KV_ON_DEVICE
+  return __fmaf_rn(sign, mine, partner);
+#else
+  return fp::add(fp::mul(sign, mine), partner);
+#endif
 }
 
 /// Negates v[r] where bit 8L + r of the sign mask is set (L = lane).
