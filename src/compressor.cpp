@@ -343,16 +343,15 @@ void KVCompressor::extend_scored(CompressedKV& cache, const SequenceKV& chunk, c
       detail::require(cache.layer(l).original_tokens == before,
                       "compress: {} needs every layer at the same length; layer {} has {} tokens, layer 0 {}", mode,
                       l, cache.layer(l).original_tokens, before);
-    ChunkScores fresh;
-    if (scored == nullptr) {
+    ChunkScores fresh;  // this call's own scores, unless the caller scored the chunk already
+    ChunkScores& chunk_scores = scored != nullptr ? *scored : fresh;
+    if (scored == nullptr)
       fresh = score_chunk(chunk, queries, executor, pos, cache.layout().effective_softmax_scale(), before, spread);
-      scored = &fresh;
-    }
-    const std::vector<std::vector<float>>& token_scores = scored->token_scores;
+    const std::vector<std::vector<float>>& token_scores = chunk_scores.token_scores;
     const select::EvictionOptions eo = eviction_options(before);
     if (spread) {
-      spread_scores = std::move(scored->layer_scores);
-      spread_counts = scored->spread_counts;
+      spread_scores = std::move(chunk_scores.layer_scores);
+      spread_counts = chunk_scores.spread_counts;
     } else {
       std::vector<double> acc(static_cast<size_t>(n), 0.0);
       for (int l = 0; l < shape_.n_layers; ++l) {
