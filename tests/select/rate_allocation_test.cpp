@@ -291,6 +291,12 @@ TEST(RateAllocation, SensitivityClosedFormsAndScaling) {
   EXPECT_THROW(estimate_sensitivity(in), Error);
 }
 
+/// Index bits per element of layer l's key and value codes, summed.
+double layer_index_bits(const CacheLayout& L, int l) {
+  return quant::index_bits(L.key_codec[static_cast<size_t>(l)]) / 8.0 +
+         quant::index_bits(L.value_codec[static_cast<size_t>(l)]) / 8.0;
+}
+
 TEST(RateAllocation, CompressorSpendsTheBudgetAndKeepsItsCodes) {
   synth::SyntheticSpec spec;
   spec.n_layers = 6;
@@ -307,8 +313,7 @@ TEST(RateAllocation, CompressorSpendsTheBudgetAndKeepsItsCodes) {
   const CacheLayout& L = cache.layout();
   double bits = 0.0;
   for (int l = 0; l < spec.n_layers; ++l) {
-    bits += quant::index_bits(L.key_codec[static_cast<size_t>(l)]) / 8.0 +
-            quant::index_bits(L.value_codec[static_cast<size_t>(l)]) / 8.0;
+    bits += layer_index_bits(L, l);
     std::printf("layer %d: key %s value %s\n", l, quant::to_string(L.key_codec[static_cast<size_t>(l)]),
                 quant::to_string(L.value_codec[static_cast<size_t>(l)]));
   }
@@ -363,8 +368,7 @@ TEST(RateAllocation, EvictionSpreadOverLayersWeighsEachLayerByItsCodedTokens) {
   double bits = 0.0, units = 0.0, plain = 0.0;
   for (int l = 0; l < spec.n_layers; ++l) {
     coded.push_back(cache.stored_tokens(l) - c.sinks);
-    const double b = quant::index_bits(L.key_codec[static_cast<size_t>(l)]) / 8.0 +
-                     quant::index_bits(L.value_codec[static_cast<size_t>(l)]) / 8.0;
+    const double b = layer_index_bits(L, l);
     bits += b * static_cast<double>(coded.back());
     units += 2.0 * static_cast<double>(coded.back());
     plain += b;

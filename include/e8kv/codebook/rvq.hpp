@@ -377,13 +377,7 @@ E8KV_HD inline void encode_batch(const float* x, float scale, size_t count, uint
     float r[8];
     for (int i = 0; i < 8; ++i) r[i] = fp::sanitize(fp::mul(x[8 * b + i], scale), kMaxLatticeAbs);
     uint32_t result = 0;
-    if (!certified_search(r, &result)) {
-#if E8KV_ON_DEVICE
-      result = search_generic(r);
-#else
-      result = search_host(r);
-#endif
-    }
+    if (!certified_search(r, &result)) result = Exhaustive::search(r);
     index[b] = result;
   }
 #endif

@@ -2,6 +2,8 @@
 // e8p.hpp; the derivation is below.
 #pragma once
 
+#include <utility>
+
 #include "e8kv/codebook/detail/e8p_tables.hpp"
 #include "e8kv/codebook/detail/lanes.hpp"
 
@@ -75,15 +77,6 @@ struct NormTwelveConstants {
   static constexpr NormTwelveSet kSet = norm_twelve_set(N);
   static constexpr int kHalf0 = kSet.half[0], kHalf1 = kSet.half[1], kHalf2 = kSet.half[2];
   static constexpr int32_t kKey = kSet.key;
-};
-
-template <int... N>
-struct IndexList {};
-template <int Count, int... N>
-struct MakeIndexList : MakeIndexList<Count - 1, Count - 1, N...> {};
-template <int... N>
-struct MakeIndexList<0, N...> {
-  typedef IndexList<N...> Type;
 };
 
 /// The certified class search on the lanes of `O` (lanes.hpp: one block per lane; lanes::Scalar
@@ -182,7 +175,7 @@ struct CertifiedSearch {
   }
 
   template <int... N>
-  E8KV_HD static E8KV_FORCE_INLINE void offer_norm_twelve_sets(IndexList<N...>, const Shift& s, const F& total,
+  E8KV_HD static E8KV_FORCE_INLINE void offer_norm_twelve_sets(std::integer_sequence<int, N...>, const Shift& s, const F& total,
                                                                const F& cap, const I& wrong_parity, NormTwelveBest& r) {
     const int in_order[] = {(offer_norm_twelve_set<N>(s, total, cap, wrong_parity, r), 0)...};
     (void)in_order;
@@ -194,7 +187,7 @@ struct CertifiedSearch {
     const I wrong_parity = ~s.odd;  // c7 has parity 1
     const F total = O::splat(2.0f) * s.sum - O::splat(10.0f);
     NormTwelveBest r{O::splat(-3.0e38f), O::splat(-3.0e38f), O::splat_int(0)};
-    offer_norm_twelve_sets(typename MakeIndexList<29>::Type{}, s, total, cap, wrong_parity, r);
+    offer_norm_twelve_sets(std::make_integer_sequence<int, 29>{}, s, total, cap, wrong_parity, r);
     offer(l, r.best, r.second, r.key | O::splat_int(0x10000 | shift_bit << 17));
   }
 
