@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Same-run ratios of e8kv-attention-bench: every row's time over the dense fp16 HND baseline
-(BM_DenseFp16/.../hnd:1) of the same token count and cache temperature, from one JSON output.
+(BM_DenseFp16/.../hnd:1) of the same token count, cache temperature, query tokens and thread
+count, from one JSON output.
 
   build/dev/bench/attention/e8kv-attention-bench --benchmark_repetitions=3 \
       --benchmark_enable_random_interleaving=true --benchmark_out=out.json
@@ -35,8 +36,9 @@ def main(path):
         tokens = re.search(r"tokens:(\d+)", name)
         cold = re.search(r"cold:(\d+)", name)
         queries = re.search(r"queries:(\d+)", name)
+        threads = re.search(r"threads:(\d+)", name)
         return (tokens.group(1) if tokens else None, cold.group(1) if cold else None,
-                queries.group(1) if queries else "1")
+                queries.group(1) if queries else "1", threads.group(1) if threads else "1")
 
     base = {}
     for n in order:
@@ -45,7 +47,7 @@ def main(path):
     ctx = data.get("context", {})
     print(f"# {ctx.get('date', '')} {ctx.get('host_name', '')}, {ctx.get('num_cpus', '?')} CPUs, "
           f"{ctx.get('mhz_per_cpu', '?')} MHz; medians of {max(len(v) for v in times.values())} repetitions")
-    print("| benchmark | ms (median) | min-max | vs dense fp16 HND (one thread), same tokens, temperature and query tokens "
+    print("| benchmark | ms (median) | min-max | vs dense fp16 HND, same tokens, temperature, query tokens and threads "
           "| threads: speed-up over the same row with one thread |")
     print("|---|---|---|---|---|")
     for n in sorted(order):

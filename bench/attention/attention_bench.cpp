@@ -88,9 +88,10 @@ enum class Layout { kNhd, kHnd };
 
 /// n_q query tokens (q and out: [n_q][kQHeads][kDim]); each chunk of K/V rows is read from memory
 /// once for all of them (the later tokens find it in cache), as a multi-token decode step would.
+/// KV heads [h_begin, h_end) only: threads split a layer by heads, which needs no merge.
 template <class K, class Dec>
 void dense_attention(const Dec& dec, Layout layout, const uint8_t* k, const uint8_t* v, size_t elem_bytes, int64_t n,
-                     const float* q, float* out, int n_q = 1) {
+                     const float* q, float* out, int n_q, int h_begin, int h_end) {
   const size_t row = static_cast<size_t>(kDim) * elem_bytes;
   const size_t stride = layout == Layout::kNhd ? row * kKvHeads : row;
   // NHD: short chunks, every head per chunk, so a chunk's rows (all heads) stay in L2 while each
@@ -107,7 +108,7 @@ void dense_attention(const Dec& dec, Layout layout, const uint8_t* k, const uint
   for (size_t i = 0; i < qs.size(); ++i) qs[i] = q[i] * scale;
   for (int64_t c0 = 0; c0 < n; c0 += chunk) {
     const int64_t m = std::min(chunk, n - c0), padded = (m + 7) / 8 * 8;
-    for (int h = 0; h < kKvHeads; ++h)
+    for (int h = h_begin; h < h_end; ++h)
     for (int tq = 0; tq < n_q; ++tq) {
       const size_t base = layout == Layout::kNhd ? static_cast<size_t>(c0) * stride + h * row
                                                  : (static_cast<size_t>(h) * n + static_cast<size_t>(c0)) * row;
@@ -132,19 +133,28 @@ void dense_attention(const Dec& dec, Layout layout, const uint8_t* k, const uint
       }
     }
   }
-  for (size_t qh = 0; qh < static_cast<size_t>(kQHeads) * n_q; ++qh)
-    for (int i = 0; i < kDim; ++i) out[qh * kDim + i] = total[qh * kDim + i] / l_run[qh];
+  for (int tq = 0; tq < n_q; ++tq)
+    for (int h = h_begin; h < h_end; ++h)
+      for (int g = 0; g < kGroup; ++g) {
+        const size_t qh = static_cast<size_t>(tq) * kQHeads + h * kGroup + g;
+        for (int i = 0; i < kDim; ++i) out[qh * kDim + i] = total[qh * kDim + i] / l_run[qh];
+      }
 }
 
-void dense_fp16(Layout layout, const uint16_t* k, const uint16_t* v, int64_t n, const float* q, float* out, int n_q = 1) {
+/// threads > 1: the KV heads split evenly over the pool's tasks.
+void dense_fp16(Layout layout, const uint16_t* k, const uint16_t* v, int64_t n, const float* q, float* out, int n_q = 1,
+                Executor* pool = nullptr, int threads = 1) {
   using namespace attention::kernels;
+  run_tasks(pool, threads, [&](int64_t task) {
+    const int h_begin = static_cast<int>(task * kKvHeads / threads), h_end = static_cast<int>((task + 1) * kKvHeads / threads);
 #if E8KV_HOST_AVX2_DISPATCH
-  if (cpu_has_avx2_fma())
-    return dense_attention<KernelsAvx2Fma>(KernelsAvx2Fma::Fp16RowDecoder{}, layout, reinterpret_cast<const uint8_t*>(k),
-                                           reinterpret_cast<const uint8_t*>(v), 2, n, q, out, n_q);
+    if (cpu_has_avx2_fma())
+      return dense_attention<KernelsAvx2Fma>(KernelsAvx2Fma::Fp16RowDecoder{}, layout, reinterpret_cast<const uint8_t*>(k),
+                                             reinterpret_cast<const uint8_t*>(v), 2, n, q, out, n_q, h_begin, h_end);
 #endif
-  dense_attention<KernelsPortable>(KernelsPortable::Fp16RowDecoder{}, layout, reinterpret_cast<const uint8_t*>(k),
-                                   reinterpret_cast<const uint8_t*>(v), 2, n, q, out, n_q);
+    dense_attention<KernelsPortable>(KernelsPortable::Fp16RowDecoder{}, layout, reinterpret_cast<const uint8_t*>(k),
+                                     reinterpret_cast<const uint8_t*>(v), 2, n, q, out, n_q, h_begin, h_end);
+  });
 }
 
 void dense_fp32(Layout layout, const float* k, const float* v, int64_t n, const float* q, float* out) {
@@ -152,10 +162,10 @@ void dense_fp32(Layout layout, const float* k, const float* v, int64_t n, const 
 #if E8KV_HOST_AVX2_DISPATCH
   if (cpu_has_avx2_fma())
     return dense_attention<KernelsAvx2Fma>(KernelsAvx2Fma::Fp32RowDecoder{}, layout, reinterpret_cast<const uint8_t*>(k),
-                                           reinterpret_cast<const uint8_t*>(v), 4, n, q, out);
+                                           reinterpret_cast<const uint8_t*>(v), 4, n, q, out, 1, 0, kKvHeads);
 #endif
   dense_attention<KernelsPortable>(KernelsPortable::Fp32RowDecoder{}, layout, reinterpret_cast<const uint8_t*>(k),
-                                   reinterpret_cast<const uint8_t*>(v), 4, n, q, out);
+                                   reinterpret_cast<const uint8_t*>(v), 4, n, q, out, 1, 0, kKvHeads);
 }
 
 /// NHD rows [tokens, heads, d] rearranged as HND [heads, tokens, d].
@@ -176,6 +186,8 @@ void BM_DenseFp16(benchmark::State& state) {
   const bool cold = state.range(1) != 0;
   const Layout layout = state.range(2) ? Layout::kHnd : Layout::kNhd;
   const int n_q = static_cast<int>(state.range(3));
+  const int threads = static_cast<int>(state.range(4));
+  std::unique_ptr<ThreadPool> pool = threads > 1 ? std::make_unique<ThreadPool>(threads) : nullptr;
   const size_t elems = d.k.size();
   const size_t copies = copies_for(4 * elems, cold);
   std::vector<uint16_t> k16(elems), v16(elems);
@@ -189,18 +201,19 @@ void BM_DenseFp16(benchmark::State& state) {
   std::vector<float> out(static_cast<size_t>(n_q) * kQHeads * kDim);
   size_t i = 0;
   for (auto _ : state) {
-    dense_fp16(layout, k[i].data(), v[i].data(), d.tokens, d.q.data(), out.data(), n_q);
+    dense_fp16(layout, k[i].data(), v[i].data(), d.tokens, d.q.data(), out.data(), n_q, pool.get(), threads);
     benchmark::DoNotOptimize(out.data());
     i = (i + 1) % copies;
   }
   state.counters["bytes_per_token_head"] = 2.0 * 2 * kDim;
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(4 * elems));
 }
-// Args: tokens, cold, layout (0 NHD, 1 HND), query tokens per call.
+// Args: tokens, cold, layout (0 NHD, 1 HND), query tokens per call, threads (KV heads split).
 BENCHMARK(BM_DenseFp16)
-    ->ArgNames({"tokens", "cold", "hnd", "queries"})
-    ->ArgsProduct({{4096, 32768}, {0, 1}, {0, 1}, {1}})
-    ->ArgsProduct({{4096, 32768}, {0, 1}, {1}, {kMaxQueryTokens}})
+    ->ArgNames({"tokens", "cold", "hnd", "queries", "threads"})
+    ->ArgsProduct({{4096, 32768}, {0, 1}, {0, 1}, {1}, {1}})
+    ->ArgsProduct({{4096, 32768}, {0, 1}, {1}, {kMaxQueryTokens}, {1}})
+    ->ArgsProduct({{32768}, {0, 1}, {1}, {1}, {2}})
     ->Unit(benchmark::kMillisecond);
 
 void BM_DenseFp32(benchmark::State& state) {
@@ -220,6 +233,60 @@ void BM_DenseFp32(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(8 * d.k.size()));
 }
 BENCHMARK(BM_DenseFp32)->ArgNames({"tokens", "cold", "hnd"})->ArgsProduct({{4096, 32768}, {0, 1}, {0, 1}})->Unit(benchmark::kMillisecond);
+
+// ---- the kernels alone, data in L1 ---------------------------------------------------------------
+
+/// What each inner loop of a decode step costs per stored token (one KV head, its 4 query heads),
+/// on 64 tokens (a sub-tile of attend) that sit in L1: the compute floor of each part, without memory or bookkeeping.
+/// Parts: 0 key scores from E8P codes, 1 from Rvq3 codes, 2 from fp16 rows (dense), 3 the RoPE-
+/// residual mean term (the same kernel over 2·64 floats of [cos | sin] per token), 4 value sums
+/// of E8P codes, 5 of fp16 rows (dense). A dense step is 2 + 5; an e8kv K3V2 step 1 + 3 + 4.
+void BM_AttendKernel(benchmark::State& state) {
+  using namespace attention::kernels;
+  const int part = static_cast<int>(state.range(0));
+  // head_dim / 8 and the token count from the arguments: constants let the compiler specialize the
+  // kernels into code the library never runs (accumulators kept in memory).
+  const int blocks = static_cast<int>(state.range(1));
+  const int64_t n = state.range(2);
+  const int d = 8 * blocks;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> g(0.f, 1.f);
+  std::vector<uint8_t> codes(static_cast<size_t>(n) * blocks * 3);
+  for (auto& c : codes) c = static_cast<uint8_t>(rng());
+  std::vector<float> floats(static_cast<size_t>(n) * d), q(static_cast<size_t>(kGroup) * d), w(static_cast<size_t>(n) * kGroup);
+  for (auto& x : floats) x = g(rng);
+  for (auto& x : q) x = g(rng);
+  for (auto& x : w) x = std::abs(g(rng)) / static_cast<float>(n);
+  std::vector<uint16_t> halves(floats.size());
+  floats_to_fp16_bits(floats.data(), halves.data(), floats.size());
+  std::vector<float> dots(static_cast<size_t>(kGroup) * n), acc(static_cast<size_t>(kGroup) * d);
+  const auto* h16 = reinterpret_cast<const uint8_t*>(halves.data());
+  const auto* f32 = reinterpret_cast<const uint8_t*>(floats.data());
+  auto run = [&](auto k) {
+    using K = decltype(k);
+    const auto& rows = decode_rows();
+    for (auto _ : state) {
+      switch (part) {
+        case 0: K::template dot_rows<kGroup>(typename K::E8pRowDecoder{&rows}, codes.data(), 2 * blocks, blocks, q.data(), n, dots.data(), n); break;
+        case 1: K::template dot_rows<kGroup>(typename K::Rvq3RowDecoder{&rows}, codes.data(), 3 * blocks, blocks, q.data(), n, dots.data(), n); break;
+        case 2: K::template dot_rows<kGroup>(typename K::Fp16RowDecoder{}, h16, 2 * d, blocks, q.data(), n, dots.data(), n); break;
+        case 3: K::template dot_rows<kGroup>(typename K::Fp32RowDecoder{}, f32, 4 * d, blocks, q.data(), n, dots.data(), n); break;
+        case 4: K::template accumulate_rows<kGroup>(typename K::E8pRowDecoder{&rows}, codes.data(), 2 * blocks, blocks, w.data(), n, acc.data()); break;
+        default: K::template accumulate_rows<kGroup>(typename K::Fp16RowDecoder{}, h16, 2 * d, blocks, w.data(), n, acc.data()); break;
+      }
+      benchmark::DoNotOptimize(dots.data());
+      benchmark::DoNotOptimize(acc.data());
+    }
+  };
+#if E8KV_HOST_AVX2_DISPATCH
+  if (cpu_has_avx2_fma()) run(KernelsAvx2Fma{});
+  else
+#endif
+    run(KernelsPortable{});
+  state.counters["ns_per_token"] = benchmark::Counter(static_cast<double>(n), benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+  state.SetLabel(std::vector<const char*>{"keys E8P", "keys Rvq3", "keys fp16", "mean term", "values E8P", "values fp16"}[static_cast<size_t>(part)]);
+}
+BENCHMARK(BM_AttendKernel)->ArgNames({"part", "blocks", "tokens"})->ArgsProduct({{0, 1, 2, 3, 4, 5}, {kDim / 8}, {64}});
 
 // ---- e8kv ---------------------------------------------------------------------------------------
 
@@ -266,7 +333,7 @@ void attend_bench(benchmark::State& state, const std::string& spec) {
 BENCHMARK_CAPTURE(attend_bench, k3v2_residual, std::string("preset=quant-k3v2,rope=residual"))
     ->ArgNames({"tokens", "cold", "threads", "queries"})
     ->ArgsProduct({{4096, 32768}, {0, 1}, {1}, {1}})
-    ->Args({32768, 0, 2, 1})
+    ->ArgsProduct({{32768}, {0, 1}, {2}, {1}})
     ->ArgsProduct({{4096, 32768}, {0, 1}, {1}, {kMaxQueryTokens}})
     ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(attend_bench, k2v2_residual, std::string("preset=quant-k2v2,rope=residual"))

@@ -140,14 +140,16 @@ LayerPlan plan_layer(const CompressedKV& cache, int layer) {
 struct HeadQuery {
   const float* q = nullptr;  // G·d, engine basis
   std::vector<float> qt;     // G·d, rotated basis of the coded keys, times the input factor
-  std::vector<float> A, B;   // G·P, mean-term coefficients (RoPE residual)
+  std::vector<float> mean_coeffs;  // G·2P: per query head A (P floats) then B (P floats), RoPE residual
   std::vector<float> base;   // G, constant part of q·k̂ (post-RoPE mean, non-rotary channels)
 };
 
 // Coded keys decode to k̂ = M_t + S⁻¹·Rᵀ·(g·ĉ), with R the randomized Hadamard, S the key
 // channel scales and M_t the mean in the engine's frame (μ, or R_t·μ for RoPE residuals). So
 // q·k̂ = q·M_t + g·(R·S⁻¹·q)·ĉ: the query is rotated once, the mean term is one dot (post-RoPE)
-// or Σ_p A_p·cos(θ_p·t) + B_p·sin(θ_p·t) over the rotary pairs (RoPE residual).
+// or Σ_p A_p·cos(θ_p·t) + B_p·sin(θ_p·t) over the rotary pairs (RoPE residual): the dot product
+// of the 2P-float row [A | B] with the position's cos/sin row [cos | sin], which the key kernel
+// computes as it would with a row of float keys.
 HeadQuery prepare_head_query(const LayerPlan& p, int h, const float* q_head) {
   HeadQuery hq;
   hq.q = q_head;
@@ -182,15 +184,16 @@ HeadQuery prepare_head_query(const LayerPlan& p, int h, const float* q_head) {
   // rotary pairs (a, b), plus q·μ over the channels RoPE leaves alone.
   const int rotary = 2 * p.pairs;
   const auto layout = codecs.rope().params().layout;
-  hq.A.assign(static_cast<size_t>(G * p.P), 0.f);
-  hq.B.assign(static_cast<size_t>(G * p.P), 0.f);
+  hq.mean_coeffs.assign(static_cast<size_t>(G) * 2 * p.P, 0.f);  // padded pairs stay 0
   for (int g = 0; g < G; ++g) {
     const float* q = q_head + g * d;
+    float* A = hq.mean_coeffs.data() + static_cast<size_t>(g) * 2 * p.P;
+    float* B = A + p.P;
     for (int pr = 0; pr < p.pairs; ++pr) {
       int a = 0, b = 0;
       transform::rope_pair_indices(layout, rotary, pr, a, b);
-      hq.A[static_cast<size_t>(g * p.P + pr)] = q[a] * mu[static_cast<size_t>(a)] + q[b] * mu[static_cast<size_t>(b)];
-      hq.B[static_cast<size_t>(g * p.P + pr)] = q[b] * mu[static_cast<size_t>(a)] - q[a] * mu[static_cast<size_t>(b)];
+      A[pr] = q[a] * mu[static_cast<size_t>(a)] + q[b] * mu[static_cast<size_t>(b)];
+      B[pr] = q[b] * mu[static_cast<size_t>(a)] - q[a] * mu[static_cast<size_t>(b)];
     }
     float s = 0.f;
     for (int i = rotary; i < d; ++i) s += q[i] * mu[static_cast<size_t>(i)];
@@ -470,10 +473,11 @@ void run_chunk_body(ResolvedRequest& r, int64_t chunk, Scratch& s) {
               with_rows<K>(tile_rows, [&](const auto& dec) {
                 K::template dot_rows<NG>(dec, rows, stride, blocks, q + static_cast<size_t>(g0) * d, m, s.dots.data(), kSubTile);
               });
-              const bool mean_rows = scaled_codes && p.residual_mean && !hq.A.empty();  // heads without means skip it
+              const bool mean_rows = scaled_codes && p.residual_mean && !hq.mean_coeffs.empty();  // heads without means skip it
               if (mean_rows)
-                K::template mean_terms<NG>(hq.A.data() + static_cast<size_t>(g0) * p.P, hq.B.data() + static_cast<size_t>(g0) * p.P,
-                                    p.P, s.cs.data(), m, s.mean.data(), kSubTile);
+                K::template dot_rows<NG>(typename K::Fp32RowDecoder{}, reinterpret_cast<const uint8_t*>(s.cs.data()),
+                                         static_cast<size_t>(2 * p.P) * sizeof(float), 2 * p.P / 8,
+                                         hq.mean_coeffs.data() + static_cast<size_t>(g0) * 2 * p.P, m, s.mean.data(), kSubTile);
               for (int g = 0; g < NG; ++g) {
                 float* out = logits_row(token, h, g0 + g) + s0;
                 const float* dot = s.dots.data() + static_cast<size_t>(g) * kSubTile;

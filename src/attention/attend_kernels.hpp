@@ -27,14 +27,20 @@ E8KV_FORCE_INLINE uint32_t load_index(const uint8_t* p, int bytes) {
   return v;
 }
 
+/// What E8P's low index byte b (shift bit 0, sign bits 1-7) selects: the sign masks and the
+/// ±1/4 shift side by side, so one scaled byte addresses both (no bit-field arithmetic).
+struct E8pLowRow {
+  uint32_t sign[8];  ///< sign masks of b's bits 1-7 (and coordinate 0's, by parity)
+  float shift[8];    ///< +1/4 (bit 0 clear) or -1/4
+};
+
 /// The rows the register decoders read, built once from the host decode tables. E8P's index
-/// bytes are used as they lie in memory: the low byte (shift bit 0, sign bits 1-7) picks a sign
-/// row and a shift row, the high byte (pattern id) a magnitude row, so a block costs two byte
-/// loads and no bit-field arithmetic beyond one `and`.
+/// bytes are used as they lie in memory: the low byte picks a sign-and-shift row, the high byte
+/// (pattern id) a magnitude row, so a block costs one 16-bit load, two byte extractions and two
+/// scalings.
 struct DecodeRows {
-  alignas(32) uint32_t magnitude[256][8];  ///< |z| of pattern p, coordinate 0's parity sign folded in
-  alignas(32) uint32_t sign[256][8];       ///< sign masks of low byte b (its bit 0 is the shift, ignored)
-  alignas(32) float shift[2][8];           ///< +1/4 (bit 0 clear) or -1/4
+  alignas(64) uint32_t magnitude[256][8];  ///< |z| of pattern p, coordinate 0's parity sign folded in
+  alignas(64) E8pLowRow low[256];          ///< by E8P's low index byte
   alignas(32) float rvq3_residual[256][8]; ///< E81B point p times 1/s2 (Rvq3's second stage)
 };
 
@@ -44,8 +50,10 @@ inline const DecodeRows& decode_rows() {
     const auto& e8p = codebook::host_decode::e8p_rows();
     const auto& e81b = codebook::host_decode::e81b_rows();
     std::memcpy(r.magnitude, e8p.magnitude, sizeof r.magnitude);
-    for (int b = 0; b < 256; ++b) std::memcpy(r.sign[b], e8p.sign[b >> 1], sizeof r.sign[b]);
-    std::memcpy(r.shift, e8p.shift, sizeof r.shift);
+    for (int b = 0; b < 256; ++b) {
+      std::memcpy(r.low[b].sign, e8p.sign[b >> 1], sizeof r.low[b].sign);
+      std::memcpy(r.low[b].shift, e8p.shift[b & 1], sizeof r.low[b].shift);
+    }
     for (int p = 0; p < 256; ++p)
       for (int i = 0; i < 8; ++i) r.rvq3_residual[p][i] = e81b.point[p][i] * codebook::Rvq3::kInverseResidualScale;
     return r;

@@ -175,45 +175,6 @@ TEST(AttendKernels, AccumulateRowsIsAnFmaChainInTokenOrder) {
       }
 }
 
-template <class K>
-std::vector<float> run_mean_terms(const std::vector<float>& A, const std::vector<float>& B, int P,
-                                  const std::vector<float>& cs, int ng, int64_t n) {
-  std::vector<float> out(8 * static_cast<size_t>(n + 1), -1.f);
-  switch (ng) {
-    case 1: K::template mean_terms<1>(A.data(), B.data(), P, cs.data(), n, out.data(), n + 1); break;
-    case 2: K::template mean_terms<2>(A.data(), B.data(), P, cs.data(), n, out.data(), n + 1); break;
-    case 4: K::template mean_terms<4>(A.data(), B.data(), P, cs.data(), n, out.data(), n + 1); break;
-    default: K::template mean_terms<8>(A.data(), B.data(), P, cs.data(), n, out.data(), n + 1); break;
-  }
-  return out;
-}
-
-TEST(AttendKernels, MeanTermsAreTheCosSinSums) {
-  for (int P : {8, 16, 32})
-    for (int ng : {1, 2, 4, 8})
-      for (int64_t n : {1, 3, 8, 9}) {
-        const uint64_t seed = 2000 + P + ng + static_cast<uint64_t>(n);
-        const auto A = randn(static_cast<size_t>(ng) * P, seed), B = randn(static_cast<size_t>(ng) * P, seed + 1);
-        const auto cs = randn(static_cast<size_t>(n) * 2 * P, seed + 2);
-        const auto got = run_mean_terms<KernelsPortable>(A, B, P, cs, ng, n);
-        for (int g = 0; g < ng; ++g)
-          for (int64_t t = 0; t < n; ++t) {
-            float lane[8] = {};
-            for (int p = 0; p < P; ++p) {
-              lane[p % 8] = std::fma(A[g * P + p], cs[t * 2 * P + p], lane[p % 8]);
-              lane[p % 8] = std::fma(B[g * P + p], cs[t * 2 * P + P + p], lane[p % 8]);
-            }
-            const float want = ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
-            ASSERT_EQ(got[g * (n + 1) + t], want) << "P " << P << " ng " << ng << " n " << n;
-          }
-#if E8KV_HOST_AVX2_DISPATCH
-        if (cpu_has_avx2_fma()) {
-          EXPECT_EQ(run_mean_terms<KernelsAvx2Fma>(A, B, P, cs, ng, n), got);
-        }
-#endif
-      }
-}
-
 TEST(AttendKernels, SoftmaxRowAndExp) {
   for (int64_t n : {8, 16, 72}) {
     auto l = randn(static_cast<size_t>(n), 3000 + static_cast<uint64_t>(n), 20.f);
