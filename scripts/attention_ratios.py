@@ -21,6 +21,7 @@ def main(path):
     with open(path) as f:
         data = json.load(f)
     times = defaultdict(list)
+    labels = {}
     order = []
     for b in data["benchmarks"]:
         if b.get("run_type") == "aggregate":
@@ -30,6 +31,8 @@ def main(path):
             order.append(name)
         scale = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}[b.get("time_unit", "ns")]
         times[name].append(b["real_time"] * scale)
+        if b.get("label"):
+            labels[name] = f"{b['label']} ({name})"
     med = {n: statistics.median(v) for n, v in times.items()}
 
     def key(name):
@@ -50,7 +53,8 @@ def main(path):
     print("| benchmark | ms (median) | min-max | vs dense fp16 HND, same tokens, temperature, query tokens and threads "
           "| threads: speed-up over the same row with one thread |")
     print("|---|---|---|---|---|")
-    for n in sorted(order):
+    kernels = [n for n in order if n.startswith("BM_AttendKernel/")]
+    for n in sorted(set(order) - set(kernels)):
         b = base.get(key(n))
         ratio = f"{med[n] / b:.2f}x" if b else ""
         scaling = ""
@@ -59,6 +63,14 @@ def main(path):
             one = med.get(n.replace(f"threads:{threads.group(1)}", "threads:1"))
             scaling = f"{one / med[n]:.2f}x" if one else ""
         print(f"| {n} | {med[n]:.2f} | {min(times[n]):.2f}-{max(times[n]):.2f} | {ratio} | {scaling} |")
+    if kernels:  # BM_AttendKernel: one inner loop over a few tokens in L1, per stored token
+        print()
+        print("| kernel, data in L1 (one KV head, its query heads) | ns per stored token (median) | min-max |")
+        print("|---|---|---|")
+        for n in sorted(kernels):
+            tokens = int(re.search(r"tokens:(\d+)", n).group(1))
+            per_token = [t * 1e6 / tokens for t in times[n]]
+            print(f"| {labels.get(n, n)} | {statistics.median(per_token):.1f} | {min(per_token):.1f}-{max(per_token):.1f} |")
 
 
 if __name__ == "__main__":

@@ -140,22 +140,32 @@ std::vector<int64_t> spread_evictions(const std::vector<std::vector<float>>& tok
   return count;
 }
 
+/// A chunk's layer count and query sets checked against the model, and its positions read once
+/// (>= 0, strictly increasing): what the rate allocation, the scores and extend all use.
+std::vector<int32_t> checked_chunk_positions(const SequenceKV& chunk, const std::vector<LayerQueries>* queries,
+                                             int n_layers) {
+  detail::require(static_cast<int>(chunk.layers.size()) == n_layers, "compress: {} layers given, model has {}",
+                  chunk.layers.size(), n_layers);
+  require(queries == nullptr || static_cast<int>(queries->size()) == n_layers,
+          "compress: queries must hold one LayerQueries per layer");
+  const int64_t n = chunk.tokens();
+  std::vector<int32_t> pos(static_cast<size_t>(n));
+  for (int64_t t = 0; t < n; ++t) {
+    pos[static_cast<size_t>(t)] = chunk.position(t);
+    require(pos[static_cast<size_t>(t)] >= 0, "compress: positions must be >= 0");
+    require(t == 0 || pos[static_cast<size_t>(t)] > pos[static_cast<size_t>(t - 1)],
+            "compress: positions must be strictly increasing");
+  }
+  return pos;
+}
+
 }  // namespace
 
 std::vector<LayerRate> KVCompressor::allocate_rates(const SequenceKV& prefill, const std::vector<LayerQueries>* queries,
-                                                    Executor* executor, const std::vector<int64_t>& layer_tokens) const {
+                                                    Executor* executor, const std::vector<int32_t>& pos,
+                                                    const std::vector<int64_t>& layer_tokens) const {
   const int L = shape_.n_layers;
-  detail::require(static_cast<int>(prefill.layers.size()) == L, "compress: {} layers given, model has {}",
-                  prefill.layers.size(), L);
-  require(queries == nullptr || static_cast<int>(queries->size()) == L,
-          "compress: queries must hold one LayerQueries per layer");
   const int64_t n = prefill.tokens();
-  std::vector<int32_t> pos(static_cast<size_t>(n));
-  for (int64_t t = 0; t < n; ++t) {
-    pos[static_cast<size_t>(t)] = prefill.position(t);
-    require(pos[static_cast<size_t>(t)] >= 0 && (t == 0 || pos[static_cast<size_t>(t)] > pos[static_cast<size_t>(t - 1)]),
-            "compress: positions must be >= 0 and strictly increasing");
-  }
   std::vector<bool> fixed(static_cast<size_t>(L));
   std::vector<LayerRate> fixed_rate(static_cast<size_t>(L));
   std::vector<select::LayerSensitivity> sensitivity(static_cast<size_t>(L));
@@ -247,21 +257,12 @@ CompressedKV KVCompressor::compress(const SequenceKV& prefill, const std::vector
   // eviction spread over layers the layers keep different numbers of tokens: the chunk is scored
   // first, and each layer's bits weigh in the budget by the tokens it codes (kept, less the
   // fp16-pinned sinks and tier, which every layer has alike).
+  const std::vector<int32_t> pos = checked_chunk_positions(prefill, queries, shape_.n_layers);
   const int64_t n = prefill.tokens();
   const bool spread = config_.eviction_rate > 0.0 && config_.layer_adaptive_eviction && n > 0;
   std::unique_ptr<ChunkScores> scored;
   std::vector<int64_t> layer_tokens;
   if (spread) {
-    detail::require(static_cast<int>(prefill.layers.size()) == shape_.n_layers, "compress: {} layers given, model has {}",
-                    prefill.layers.size(), shape_.n_layers);
-    require(queries == nullptr || static_cast<int>(queries->size()) == shape_.n_layers,
-            "compress: queries must hold one LayerQueries per layer");
-    std::vector<int32_t> pos(static_cast<size_t>(n));
-    for (int64_t t = 0; t < n; ++t) {
-      pos[static_cast<size_t>(t)] = prefill.position(t);
-      require(pos[static_cast<size_t>(t)] >= 0 && (t == 0 || pos[static_cast<size_t>(t)] > pos[static_cast<size_t>(t - 1)]),
-              "compress: positions must be >= 0 and strictly increasing");
-    }
     scored = std::make_unique<ChunkScores>(
         score_chunk(prefill, queries, executor, pos, codecs_->layout().effective_softmax_scale(), 0, true));
     const int64_t pinned = (config_.fp16_sinks ? std::min<int64_t>(config_.sinks, n) : 0) +
@@ -269,10 +270,10 @@ CompressedKV KVCompressor::compress(const SequenceKV& prefill, const std::vector
     for (int64_t evicted : scored->spread_counts) layer_tokens.push_back(std::max<int64_t>(n - evicted - pinned, 0));
   }
   Config allocated = config_;
-  allocated.layer_rates = allocate_rates(prefill, queries, executor, layer_tokens);
+  allocated.layer_rates = allocate_rates(prefill, queries, executor, pos, layer_tokens);
   allocated.rate_budget = 0.0;
   CompressedKV cache(std::make_shared<const CacheCodecs>(make_layout(allocated, shape_)));
-  extend_scored(cache, prefill, queries, executor, scored.get());
+  extend_scored(cache, prefill, queries, executor, scored.get(), pos);
   return cache;
 }
 
@@ -302,25 +303,14 @@ void KVCompressor::check_cache(const CompressedKV& cache, const char* what) cons
 
 void KVCompressor::extend(CompressedKV& cache, const SequenceKV& chunk, const std::vector<LayerQueries>* queries,
                           Executor* executor) const {
-  extend_scored(cache, chunk, queries, executor, nullptr);
+  check_cache(cache, "extend");
+  extend_scored(cache, chunk, queries, executor, nullptr, checked_chunk_positions(chunk, queries, shape_.n_layers));
 }
 
 void KVCompressor::extend_scored(CompressedKV& cache, const SequenceKV& chunk, const std::vector<LayerQueries>* queries,
-                                 Executor* executor, ChunkScores* scored) const {
-  check_cache(cache, "extend");
-  detail::require(static_cast<int>(chunk.layers.size()) == shape_.n_layers, "compress: {} layers given, model has {}",
-                  chunk.layers.size(), shape_.n_layers);
-  require(queries == nullptr || static_cast<int>(queries->size()) == shape_.n_layers,
-          "compress: queries must hold one LayerQueries per layer");
+                                 Executor* executor, ChunkScores* scored, const std::vector<int32_t>& pos) const {
   const int64_t n = chunk.tokens();
   const int64_t H = shape_.n_kv_heads, d = shape_.head_dim;
-  std::vector<int32_t> pos(static_cast<size_t>(n));
-  for (int64_t t = 0; t < n; ++t) {
-    pos[static_cast<size_t>(t)] = chunk.position(t);
-    require(pos[static_cast<size_t>(t)] >= 0, "compress: positions must be >= 0");
-    require(t == 0 || pos[static_cast<size_t>(t)] > pos[static_cast<size_t>(t - 1)],
-            "compress: positions must be strictly increasing");
-  }
   const select::ScorerOptions so = config_.scorer_options();
   const bool evict = config_.eviction_rate > 0.0 && n > 0;
   const int64_t tier = select::tier_count(n, config_.fp16_tier);  // fp16-tier tokens per kept set

@@ -75,19 +75,22 @@ class KVCompressor {
   /// rate budget the per-layer codes are the cache's own).
   void check_cache(const CompressedKV& cache, const char* what) const;
   /// Config::rate_budget's per-layer codes for a prefill (sensitivity per layer, then the
-  /// allocator); protected layers stay fp16. layer_tokens (empty: every layer alike): the tokens
-  /// each layer will code, which weigh its bits in the budget.
+  /// allocator); protected layers stay fp16. positions: the prefill's, checked
+  /// (checked_chunk_positions). layer_tokens (empty: every layer alike): the tokens each layer
+  /// will code, which weigh its bits in the budget.
   std::vector<LayerRate> allocate_rates(const SequenceKV& prefill, const std::vector<LayerQueries>* queries,
-                                        Executor* executor, const std::vector<int64_t>& layer_tokens) const;
+                                        Executor* executor, const std::vector<int32_t>& positions,
+                                        const std::vector<int64_t>& layer_tokens) const;
   /// Every layer's scores of a chunk, for the selections made over all layers at once.
   struct ChunkScores;
   ChunkScores score_chunk(const SequenceKV& chunk, const std::vector<LayerQueries>* queries, Executor* executor,
                           const std::vector<int32_t>& positions, float softmax_scale, int64_t before,
                           bool spread) const;
-  /// extend(), with the chunk's scores when the caller has them already (compress with a rate
-  /// budget and eviction spread over layers scores first, to weigh the layers' bits).
+  /// extend() after its checks (the cache's layout, the chunk's shape and positions), with the
+  /// chunk's scores when the caller has them already (compress with a rate budget and eviction
+  /// spread over layers scores first, to weigh the layers' bits).
   void extend_scored(CompressedKV& cache, const SequenceKV& chunk, const std::vector<LayerQueries>* queries,
-                     Executor* executor, ChunkScores* scored) const;
+                     Executor* executor, ChunkScores* scored, const std::vector<int32_t>& positions) const;
 
   ModelShape shape_;
   Config config_;

@@ -337,6 +337,29 @@ TEST(RateAllocation, CompressorSpendsTheBudgetAndKeepsItsCodes) {
   EXPECT_THROW(other.append(back, 0, k.data(), v.data(), spec.tokens + 6), Error);
   KVCompressor fixed_rates(fx.shape, Config::parse("preset=quant-k3v2"));
   EXPECT_THROW(fixed_rates.append(back, 0, k.data(), v.data(), spec.tokens + 6), Error);
+
+  // Positions out of order and a missing layer are refused before any work, with one message
+  // whichever path (budget, budget with eviction spread over layers, plain extend) reads them.
+  std::vector<int32_t> swapped(static_cast<size_t>(spec.tokens));
+  for (size_t t = 0; t < swapped.size(); ++t) swapped[t] = static_cast<int32_t>(t);
+  std::swap(swapped[5], swapped[6]);
+  SequenceKV out_of_order = fx.seq, short_one = fx.seq;
+  out_of_order.positions = swapped.data();
+  short_one.layers.pop_back();
+  for (const char* s : {"preset=quant-k3v2,budget=2.5", "preset=quant-k3v2,budget=2.5,evict=0.3,evict_layers=1",
+                        "preset=quant-k3v2"}) {
+    KVCompressor cs(fx.shape, Config::parse(s));
+    auto message = [&](const SequenceKV& seq) {
+      try {
+        (void)cs.compress(seq, &fx.queries);
+      } catch (const Error& e) {
+        return std::string(e.what());
+      }
+      return std::string("no error");
+    };
+    EXPECT_NE(message(out_of_order).find("positions must be strictly increasing"), std::string::npos) << s;
+    EXPECT_NE(message(short_one).find("layers given, model has"), std::string::npos) << s;
+  }
 }
 
 TEST(RateAllocation, EvictionSpreadOverLayersWeighsEachLayerByItsCodedTokens) {
