@@ -288,6 +288,43 @@ void BM_AttendKernel(benchmark::State& state) {
 }
 BENCHMARK(BM_AttendKernel)->ArgNames({"part", "blocks", "tokens"})->ArgsProduct({{0, 1, 2, 3, 4, 5}, {kDim / 8}, {64}});
 
+#if E8KV_HOST_AVX2_DISPATCH && (defined(__x86_64__) || defined(__i386__))
+/// 256-bit fused multiply-adds per second of one core when nothing else limits them: ten
+/// independent chains (more than latency × ports), the registers pinned by an empty asm so the
+/// loop stays in them. The yardstick of BM_AttendKernel: a kernel near this rate is compute-bound.
+__attribute__((target("avx2,fma"), noinline)) double fma_chains(int64_t n) {
+  using v8 = float __attribute__((vector_size(32)));
+  v8 a0 = {1, 1, 1, 1, 1, 1, 1, 1}, a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, a8 = a0, a9 = a0;
+  const v8 b = a0 * 0.999999f, c = a0 * 1e-7f;
+  for (int64_t k = 0; k < n; ++k) {
+    a0 = __builtin_ia32_vfmaddps256(a0, b, c);
+    a1 = __builtin_ia32_vfmaddps256(a1, b, c);
+    a2 = __builtin_ia32_vfmaddps256(a2, b, c);
+    a3 = __builtin_ia32_vfmaddps256(a3, b, c);
+    a4 = __builtin_ia32_vfmaddps256(a4, b, c);
+    a5 = __builtin_ia32_vfmaddps256(a5, b, c);
+    a6 = __builtin_ia32_vfmaddps256(a6, b, c);
+    a7 = __builtin_ia32_vfmaddps256(a7, b, c);
+    a8 = __builtin_ia32_vfmaddps256(a8, b, c);
+    a9 = __builtin_ia32_vfmaddps256(a9, b, c);
+    __asm__ volatile("" : "+x"(a0), "+x"(a1), "+x"(a2), "+x"(a3), "+x"(a4), "+x"(a5), "+x"(a6), "+x"(a7), "+x"(a8), "+x"(a9));
+  }
+  const v8 r = a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7 + a8 + a9;
+  return r[0];
+}
+
+void BM_FmaPeak(benchmark::State& state) {
+  if (!cpu_has_avx2_fma()) {
+    state.SkipWithError("no AVX2 + FMA on this CPU");
+    return;
+  }
+  const int64_t n = state.range(0);
+  for (auto _ : state) benchmark::DoNotOptimize(fma_chains(n));
+  state.counters["fma256_per_s"] = benchmark::Counter(static_cast<double>(10 * n), benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_FmaPeak)->Arg(1 << 20);
+#endif
+
 // ---- e8kv ---------------------------------------------------------------------------------------
 
 Config bench_config(const std::string& spec) { return Config::parse(spec); }
