@@ -472,11 +472,11 @@ def marker_lines():
     return found
 
 
-def loop_trip(f, cfg, callees, head, latch):
-    """Blocks of the loop head..latch and its longest trip (inner loops once)."""
+def loop_trip(f, cfg, callees, head, latch, longest=True):
+    """Blocks of the loop head..latch and its longest (or shortest) trip, inner loops once."""
     lo, hi = cfg.blocks[head][0], cfg.blocks[latch][1]
     region = {k for k, (s, e) in enumerate(cfg.blocks) if lo <= s and e <= hi}
-    best = dag_paths(cfg, {head}, region, lambda k: False, block_cost_fn(cfg, callees, True), True)
+    best = dag_paths(cfg, {head}, region, lambda k: False, block_cost_fn(cfg, callees, longest), longest)
     if latch not in best:
         raise CostError(f"{f.name}: a loop latch is not reachable from its header")
     return region, best[latch]
@@ -550,15 +550,10 @@ def analyse_loop_or_vector(f, cfg, callees, hits):
             raise CostError(f"{f.name}: per-token loop marker found but no back edge carries its line")
         # Unswitched copies of the loop: the largest one is the coded-token loop.
         head, latch = max(loops, key=lambda hl: cfg.blocks[hl[1]][1] - cfg.blocks[hl[0]][0])
-        lo, hi = cfg.blocks[head][0], cfg.blocks[latch][1]
-        region = {k for k, (s, e) in enumerate(cfg.blocks) if lo <= s and e <= hi}
+        region, longest_trip = loop_trip(f, cfg, callees, head, latch, True)
         inner = sum(1 for k in region for v in cfg.succ[k] if v in region and cfg.is_back_edge(k, v) and (k, v) != (latch, head))
-        res = {"kind": "loop", "static": hi - lo, "inner_loops": inner}
-        for longest in (True, False):
-            best = dag_paths(cfg, {head}, region, lambda k: False, block_cost_fn(cfg, callees, longest), longest)
-            if latch not in best:
-                raise CostError(f"{f.name}: the loop latch is not reachable from its header")
-            res["max" if longest else "min"] = best[latch]
+        res = {"kind": "loop", "static": cfg.blocks[latch][1] - cfg.blocks[head][0], "inner_loops": inner,
+               "max": longest_trip, "min": loop_trip(f, cfg, callees, head, latch, False)[1]}
         res["path"] = res["max"]  # one trip of a coded token: every uniform branch the heavy way
         return res
     if "per-vector path" in hits:
