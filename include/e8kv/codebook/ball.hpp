@@ -444,6 +444,21 @@ struct E8BallCode {
   E8KV_HD static void scale_input(const float x[8], float scale, float scaled[8]) {
     for (int i = 0; i < 8; ++i) scaled[i] = fp::mul(fp::sanitize(x[i], detail::kBallInputLimit), scale);
   }
+
+  /// The code's encode and decode for an input scale (each ball code fixes its own).
+  E8KV_HD static uint32_t encode_scaled(const float x[8], float input_scale) {
+    float s[8];
+    int32_t t[8];
+    scale_input(x, input_scale, s);
+    nearest_point(s, t);
+    return index_of(t);
+  }
+  /// half_over_scale: 0.5 / the input scale (points are held as twice values).
+  E8KV_HD static void decode_scaled(uint32_t index, float half_over_scale, float y[8]) {
+    int32_t t[8];
+    point_of(index, t);
+    for (int i = 0; i < 8; ++i) y[i] = fp::mul(static_cast<float>(t[i]), half_over_scale);
+  }
 };
 
 /// 3 bits per element: the 16,702,321 E8 points with ‖y‖² ≤ 44 (24-bit index).
@@ -452,19 +467,8 @@ struct Ball3 : E8BallCode<44, 24> {
   /// Scale minimizing the MSE on i.i.d. N(0,1) input (golden-section search, 2·10^5 blocks).
   static constexpr float kInputScale = 1.813f;
 
-  E8KV_HD static uint32_t encode(const float x[8]) {
-    float s[8];
-    int32_t t[8];
-    scale_input(x, kInputScale, s);
-    nearest_point(s, t);
-    return index_of(t);
-  }
-  E8KV_HD static void decode(uint32_t index, float y[8]) {
-    int32_t t[8];
-    point_of(index, t);
-    constexpr float kHalfOverScale = 0.5f / kInputScale;
-    for (int i = 0; i < 8; ++i) y[i] = fp::mul(static_cast<float>(t[i]), kHalfOverScale);
-  }
+  E8KV_HD static uint32_t encode(const float x[8]) { return encode_scaled(x, kInputScale); }
+  E8KV_HD static void decode(uint32_t index, float y[8]) { decode_scaled(index, 0.5f / kInputScale, y); }
 };
 
 /// 4 bits per element: the 4,158,269,521 E8 points with ‖y‖² ≤ 178 (32-bit index).
@@ -472,19 +476,8 @@ struct Ball4 : E8BallCode<178, 32> {
   static constexpr const char* kName = "ball4";
   static constexpr float kInputScale = 3.28f;
 
-  E8KV_HD static uint32_t encode(const float x[8]) {
-    float s[8];
-    int32_t t[8];
-    scale_input(x, kInputScale, s);
-    nearest_point(s, t);
-    return index_of(t);
-  }
-  E8KV_HD static void decode(uint32_t index, float y[8]) {
-    int32_t t[8];
-    point_of(index, t);
-    constexpr float kHalfOverScale = 0.5f / kInputScale;
-    for (int i = 0; i < 8; ++i) y[i] = fp::mul(static_cast<float>(t[i]), kHalfOverScale);
-  }
+  E8KV_HD static uint32_t encode(const float x[8]) { return encode_scaled(x, kInputScale); }
+  E8KV_HD static void decode(uint32_t index, float y[8]) { decode_scaled(index, 0.5f / kInputScale, y); }
 };
 
 }  // namespace e8kv::codebook

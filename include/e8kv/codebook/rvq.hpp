@@ -479,54 +479,45 @@ E8KV_HD inline void decode_two_stage(uint32_t index, float inverse_s1, float inv
   for (int i = 0; i < 8; ++i) y[i] = fp::mul(fp::add(c1[i], fp::mul(c2[i], inverse_s2)), inverse_s1);
 }
 
+/// What a two-stage code does with its scales (Code::kInputScale s1, kResidualScale s2 and their
+/// inverses) and its second stage: one definition for Rvq3 and Rvq4.
+template <class Code, class Second>
+struct TwoStageCode {
+  E8KV_HD static uint32_t encode(const float x[8]) { return encode_with(x, SerialFallback{}); }
+  /// encode() with the near-ties' exhaustive searches done by `fallback` (the same index).
+  template <class Fallback>
+  E8KV_HD static uint32_t encode_with(const float x[8], const Fallback& fallback) {
+    return encode_two_stage<Second>(x, Code::kInputScale, Code::kResidualScale, fallback);
+  }
+  /// encode() of `count` consecutive blocks (vectorized on the host; the same indices).
+  E8KV_HD static void encode_batch(const float* x, size_t count, uint32_t* index) {
+    encode_two_stage_batch<Second>(x, count, Code::kInputScale, Code::kResidualScale, index);
+  }
+  E8KV_HD static void decode(uint32_t index, float y[8]) {
+    decode_two_stage<Second>(index, Code::kInverseInputScale, Code::kInverseResidualScale, y);
+  }
+};
+
 }  // namespace rvq_detail
 
 /// 3 bits/element: E8P + E81B, 24-bit index (bits above 23 are ignored by decode).
-struct Rvq3 {
+struct Rvq3 : rvq_detail::TwoStageCode<Rvq3, E81B> {
   static constexpr const char* kName = "rvq3";
   static constexpr int kIndexBits = 24;
   static constexpr float kInputScale = 0.98f;     // s1
   static constexpr float kResidualScale = 2.04f;  // s2
   static constexpr float kInverseInputScale = 1.0f / kInputScale;
   static constexpr float kInverseResidualScale = 1.0f / kResidualScale;
-
-  E8KV_HD static uint32_t encode(const float x[8]) { return encode_with(x, SerialFallback{}); }
-  /// encode() with the near-ties' exhaustive searches done by `fallback` (the same index).
-  template <class Fallback>
-  E8KV_HD static uint32_t encode_with(const float x[8], const Fallback& fallback) {
-    return rvq_detail::encode_two_stage<E81B>(x, kInputScale, kResidualScale, fallback);
-  }
-  /// encode() of `count` consecutive blocks (vectorized on the host; the same indices).
-  E8KV_HD static void encode_batch(const float* x, size_t count, uint32_t* index) {
-    rvq_detail::encode_two_stage_batch<E81B>(x, count, kInputScale, kResidualScale, index);
-  }
-  E8KV_HD static void decode(uint32_t index, float y[8]) {
-    rvq_detail::decode_two_stage<E81B>(index, kInverseInputScale, kInverseResidualScale, y);
-  }
 };
 
 /// 4 bits/element: E8P + E8P, 32-bit index.
-struct Rvq4 {
+struct Rvq4 : rvq_detail::TwoStageCode<Rvq4, E8P> {
   static constexpr const char* kName = "rvq4";
   static constexpr int kIndexBits = 32;
   static constexpr float kInputScale = 0.90f;     // s1
   static constexpr float kResidualScale = 3.80f;  // s2
   static constexpr float kInverseInputScale = 1.0f / kInputScale;
   static constexpr float kInverseResidualScale = 1.0f / kResidualScale;
-
-  E8KV_HD static uint32_t encode(const float x[8]) { return encode_with(x, SerialFallback{}); }
-  /// encode() with the near-ties' exhaustive searches done by `fallback` (the same index).
-  template <class Fallback>
-  E8KV_HD static uint32_t encode_with(const float x[8], const Fallback& fallback) {
-    return rvq_detail::encode_two_stage<E8P>(x, kInputScale, kResidualScale, fallback);
-  }
-  /// encode() of `count` consecutive blocks (vectorized on the host; the same indices).
-  E8KV_HD static void encode_batch(const float* x, size_t count, uint32_t* index) {
-    rvq_detail::encode_two_stage_batch<E8P>(x, count, kInputScale, kResidualScale, index);
-  }
-  E8KV_HD static void decode(uint32_t index, float y[8]) {
-    rvq_detail::decode_two_stage<E8P>(index, kInverseInputScale, kInverseResidualScale, y);
-  }
 };
 
 }  // namespace e8kv::codebook
