@@ -265,7 +265,8 @@ CompressedKV KVCompressor::compress(const SequenceKV& prefill, const std::vector
   if (spread) {
     scored = std::make_unique<ChunkScores>(
         score_chunk(prefill, queries, executor, pos, codecs_->layout().effective_softmax_scale(), 0, true));
-    const int64_t pinned = (config_.fp16_sinks ? std::min<int64_t>(config_.sinks, n) : 0) +
+    // What extend pins in every kept set: the sinks of a first chunk (with fp16_sinks) and the tier.
+    const int64_t pinned = (config_.fp16_sinks ? chunk_eviction_options(config_, 0, n).sinks : 0) +
                            select::tier_count(n, config_.fp16_tier);
     for (int64_t evicted : scored->spread_counts) layer_tokens.push_back(std::max<int64_t>(n - evicted - pinned, 0));
   }
