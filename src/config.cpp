@@ -118,6 +118,12 @@ Config Config::parse(const std::string& spec) {
   return c;
 }
 
+Config Config::parse_at_rest(const std::string& spec) {
+  Config c = parse(spec);
+  if (split_spec(spec).count("residual") == 0) c.residual_length = 0;
+  return c;
+}
+
 std::string Config::describe() const {
   std::string s;
 #define E8KV_DESCRIBE(member, key, kind) s += fmt::format("{}{}={}", s.empty() ? "" : ",", key, print(kind, member));

@@ -603,7 +603,9 @@ TEST(Compressor, PositionsMustFollowTheLastCodedTokenToo) {
   spec.tokens = 68;
   spec.n_layers = 1;
   Fixture f(spec);
-  KVCompressor c(f.shape, Config::preset("quant-k3v2"));
+  Config cfg = Config::preset("quant-k3v2");
+  cfg.residual_length = 0;  // 64 unpinned tokens flush whole
+  KVCompressor c(f.shape, cfg);
   auto cache = c.compress(f.seq, &f.queries);
   ASSERT_EQ(cache.window_tokens(0), 4) << "the window holds the sinks only";
   const auto before = entropy::serialize(cache);
@@ -1136,9 +1138,11 @@ TEST(Compressor, BytesEqualHandComputedFormula) {
   KVCompressor c(f.shape, cfg);
   const auto cache = c.compress(f.seq);
   const int L = spec.n_layers, H = spec.n_kv_heads, d = spec.head_dim;
-  // 200 tokens: 4 pinned fp16 sinks, then 196 >= mean_tokens (64) flushable: 12 blocks of 16 are
-  // coded and 4 stay in the window beside the sinks.
-  const int coded = 192, window = 8;
+  // 200 tokens: 4 pinned fp16 sinks, then 196 >= mean_tokens (64) flushable: leaving at least the
+  // 16-token residual window (the default), 11 blocks of 16 are coded and 20 tokens stay in the
+  // window beside the sinks.
+  ASSERT_EQ(cfg.residual_length, 16);
+  const int coded = 176, window = 24;
   const size_t codes = size_t(L) * H * coded * (d / 8 * 3 + d / 8 * 2);
   const size_t gains = size_t(L) * H * coded * 2 * 2;
   const size_t win = size_t(L) * H * window * d * 2 * 2;

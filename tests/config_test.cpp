@@ -339,6 +339,25 @@ TEST(ConfigParse, EvictionSpreadOverLayers) {
   expect_error([] { Config::parse("evict_layers=2"); }, "evict_layers");
 }
 
+// Decoding in memory keeps a 16-token fp16 window by default; a state compressed to be stored
+// (parse_at_rest) codes its last tokens too unless the spec asks for a window; nothing else moves.
+TEST(ConfigParse, AtRestCodesTheRecentTokensUnlessTheSpecSetsAWindow) {
+  EXPECT_EQ(Config().residual_length, 16);
+  for (const char* spec : {"preset=quant-k3v2", "preset=high,fp16_tier=0.01", "", "budget=2.5,evict=0.2"}) {
+    SCOPED_TRACE(spec);
+    const Config in_memory = Config::parse(spec);
+    const Config at_rest = Config::parse_at_rest(spec);
+    EXPECT_EQ(in_memory.residual_length, 16);
+    EXPECT_EQ(at_rest.residual_length, 0);
+    Config same = at_rest;
+    same.residual_length = in_memory.residual_length;
+    expect_config_eq(same, in_memory, spec);
+  }
+  EXPECT_EQ(Config::parse_at_rest("preset=quant-k2v2,residual=8").residual_length, 8);
+  EXPECT_EQ(Config::parse_at_rest("residual=16").residual_length, 16);
+  expect_error([] { Config::parse_at_rest("preset=quant-k2v2,residual=-1"); }, "residual");
+}
+
 TEST(ConfigValidate, UnknownEnumIdsAreRejected) {
   const ModelShape shape{2, 2, 4, 64};
   for (double evict : {0.0, 0.5}) {

@@ -519,7 +519,7 @@ void write_golden(const std::string& dir) {
     synth::SyntheticSpec s6 = s;
     s6.tokens = 6;
     s6.seed = 16;
-    cache_entry("pending_energy.e8kv", s6, Config::parse("preset=high,rope=pre,mean_tokens=8"), 0, o);
+    cache_entry("pending_energy.e8kv", s6, Config::parse("preset=high,rope=pre,mean_tokens=8,residual=0"), 0, o);
     // Format version 3: keys coded in the RoPE-residual frame.
     synth::SyntheticSpec s7 = s5;
     s7.seed = 17;

@@ -102,8 +102,10 @@ std::vector<ConfigSpec> config_list(bool ablations) {
   return v;
 }
 
-Config model_config(const std::string& spec, const llama::ModelConfig& mc) {
-  Config c = Config::parse(spec);
+// At rest (--at-rest) a spec without `residual` codes the prefill's last tokens too
+// (Config::parse_at_rest): the continuation is dense, the window would only cost bytes.
+Config model_config(const std::string& spec, const llama::ModelConfig& mc, bool at_rest) {
+  Config c = at_rest ? Config::parse_at_rest(spec) : Config::parse(spec);
   c.rope = llama::rope_params(mc);  // the model's RoPE, read from the GGUF
   return c;
 }
@@ -262,13 +264,16 @@ void run_chunks(const Options& o, const llama::Model& model, const std::vector<s
       backends.push_back(make_backend(cfgs[i], comps[i].get(), cap, mc, o.at_rest));
     }
     // The rate of what is stored: at rest the prefill's cache (the continuation is not stored
-    // coded), otherwise the cache at the end of the chunk.
-    std::vector<double> chunk_bits(cfgs.size());
-    auto measure_bits = [&] {
+    // coded); otherwise the mean over the scored steps of the cache each step's attention read
+    // (its bytes after the step's append over the tokens given so far). A snapshot at the chunk's
+    // end would depend on where the fp16 window stands in its flush cycle: a window of r + 0..15
+    // tokens is counted at its average, not at whichever phase the chunk happens to end in.
+    std::vector<double> chunk_bits(cfgs.size(), 0.0);
+    auto add_bits = [&](double weight) {
       for (size_t i = 0; i < cfgs.size(); ++i)
-        chunk_bits[i] = 8.0 * backends[i]->bytes() / elements_of(mc, backends[i]->original_tokens());
+        chunk_bits[i] += weight * 8.0 * backends[i]->bytes() / elements_of(mc, backends[i]->original_tokens());
     };
-    if (o.at_rest) measure_bits();
+    if (o.at_rest) add_bits(1.0);
     std::vector<llama::KvBackend*> ptrs;
     for (auto& b : backends) ptrs.push_back(b.get());
     if (o.verbose) print_evicted_score_share(cap, mc, chunk);
@@ -280,6 +285,7 @@ void run_chunks(const Options& o, const llama::Model& model, const std::vector<s
       const std::vector<int32_t> tokens(cfgs.size(), in);
       const std::vector<int64_t> positions(cfgs.size(), pos);
       const auto logits = model.decode_batch(tokens, positions, ptrs);
+      if (!o.at_rest) add_bits(1.0 / T);
       log_softmax(&logits[0], V, lp_ref);
       const int ref_top = argmax(&logits[0], V);
       for (size_t i = 0; i < cfgs.size(); ++i) {
@@ -297,7 +303,6 @@ void run_chunks(const Options& o, const llama::Model& model, const std::vector<s
     if (o.verbose)
       for (size_t i = 1; i < cfgs.size(); ++i)
         std::printf("chunk %d: %-28s KL %.5f\n", chunk + 1, cfgs[i].name.c_str(), chunk_kl[i] / T);
-    if (!o.at_rest) measure_bits();
     for (size_t i = 0; i < cfgs.size(); ++i) {
       acc[i].chunk_nll_sum.push_back(nll[i]);
       acc[i].chunk_tokens.push_back(T);
@@ -763,7 +768,7 @@ int main(int argc, char** argv) {
     std::vector<std::unique_ptr<KVCompressor>> comps;
     const ModelShape shape{mc.n_layers, mc.n_kv_heads, mc.n_heads, mc.head_dim};
     for (const auto& c : cfgs)
-      comps.push_back(c.is_peer ? nullptr : std::make_unique<KVCompressor>(shape, model_config(c.e8kv_spec, mc)));
+      comps.push_back(c.is_peer ? nullptr : std::make_unique<KVCompressor>(shape, model_config(c.e8kv_spec, mc, o.at_rest)));
     std::vector<Accum> acc(cfgs.size());
     run_chunks(o, model, corpora, cfgs, comps, acc, prog);
     if (o.niah) run_niah(o, model, corpora.back(), cfgs, comps, acc, prog);

@@ -168,8 +168,12 @@ class Row:
         self.error = None
 
 
-def e8kv_compress(ctx, e8kv, spec):
-    """The untouched prefill cache compressed through the C ABI: (Cache, shape)."""
+def e8kv_compress(ctx, e8kv, spec, at_rest):
+    """The untouched prefill cache compressed through the C ABI: (Cache, shape). At rest (the
+    continuation stays dense) a spec without `residual` codes the prefill's last tokens too, as
+    Config::parse_at_rest does for e8kv-eval --at-rest and the llama.cpp state tools."""
+    if at_rest and "residual=" not in spec:
+        spec = f"{spec},residual=0"
     cfg = ctx["config"]
     shape = (cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.num_attention_heads, ctx["head_dim"])
     ref = ctx["ref_cache"]
@@ -186,7 +190,7 @@ def e8kv_decode_row(ctx, e8kv, spec, model, cont, first_position):
     decoded one at a time, appended to the cache and attended over its codes. Returns (logits,
     bits at the end of the chunk, description)."""
     from transformers import DynamicCache
-    c, _ = e8kv_compress(ctx, e8kv, spec)
+    c, _ = e8kv_compress(ctx, e8kv, spec, at_rest=False)
     logits = []
     try:
         for t, token in enumerate(cont):
@@ -202,7 +206,7 @@ def e8kv_decode_row(ctx, e8kv, spec, model, cont, first_position):
 
 def e8kv_row(ctx, e8kv, spec):
     """Compresses the untouched prefill cache through the C ABI and returns (cache, bias, bits, kept)."""
-    c, shape = e8kv_compress(ctx, e8kv, spec)
+    c, shape = e8kv_compress(ctx, e8kv, spec, at_rest=True)
     ref = ctx["ref_cache"]
     from transformers import DynamicCache
     n = ref.layers[0].keys.shape[2]

@@ -29,7 +29,7 @@ transform::RopeParams model_rope() {
 }
 
 Config config(const std::string& spec) {
-  Config c = Config::parse(spec);
+  Config c = Config::parse_at_rest(spec);  // states at rest (as the tools parse them)
   c.rope = model_rope();
   return c;
 }

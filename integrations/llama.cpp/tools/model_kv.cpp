@@ -113,7 +113,7 @@ ModelKv read_model_kv(const std::string& gguf_path) {
 }
 
 Config model_config(const std::string& spec, const ModelKvCache& cache) {
-  Config c = Config::parse(spec);
+  Config c = Config::parse_at_rest(spec);  // a state at rest: no fp16 window unless asked
   c.rope = cache.rope;
   c.validate(cache.shape);
   return c;

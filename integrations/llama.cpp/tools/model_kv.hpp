@@ -35,7 +35,8 @@ struct ModelKv {
 /// represent (other architectures, RoPE frequency-factor tensors, other scaling types), naming it.
 ModelKv read_model_kv(const std::string& gguf_path);
 
-/// Config::parse(spec) with the cache's RoPE, validated against its shape.
+/// Config::parse_at_rest(spec) (a state at rest: no fp16 window unless the spec sets `residual`)
+/// with the cache's RoPE, validated against its shape.
 Config model_config(const std::string& spec, const ModelKvCache& cache);
 
 /// One compressor per KV cache of the model, in llama.cpp's order.
