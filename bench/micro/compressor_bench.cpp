@@ -86,8 +86,9 @@ void BM_CompressK3V2Residual(benchmark::State& state) {
 }
 BENCHMARK(BM_CompressK3V2Residual)->Unit(benchmark::kMillisecond);
 
-// With observation queries (query-weighted keys), without and with a rate budget: the cost of
-// the sensitivity estimate (select/rate_allocation.hpp) is the difference, in the same run.
+// With observation queries (query-weighted keys), without and with a rate budget or an fp16 tier:
+// the cost of the sensitivity estimate (select/rate_allocation.hpp) or of the tier's scores is the
+// difference, in the same run.
 void compress_with_queries(benchmark::State& state, const char* spec) {
   const auto& d = layer_data(4096);
   KVCompressor c({1, kKvHeads, kQHeads, kDim}, Config::parse(spec));
@@ -105,5 +106,8 @@ void BM_CompressK3V2Queries(benchmark::State& state) { compress_with_queries(sta
 BENCHMARK(BM_CompressK3V2Queries)->Unit(benchmark::kMillisecond);
 void BM_CompressBudget2p5Queries(benchmark::State& state) { compress_with_queries(state, "preset=quant-k3v2,budget=2.5"); }
 BENCHMARK(BM_CompressBudget2p5Queries)->Unit(benchmark::kMillisecond);
+// The 1 % fp16 tier: the observation-window scorer picks its tokens (what an evicting preset runs).
+void BM_CompressK3V2Fp16TierQueries(benchmark::State& state) { compress_with_queries(state, "preset=quant-k3v2,fp16_tier=0.01"); }
+BENCHMARK(BM_CompressK3V2Fp16TierQueries)->Unit(benchmark::kMillisecond);
 
 }  // namespace

@@ -134,7 +134,9 @@ E8KV_C_EXPORT void e8kv_thread_pool_destroy(e8kv_thread_pool* pool) E8KV_NOEXCEP
 /* ---- compressor ----------------------------------------------------------------------------- */
 
 /* spec: a Config::parse string (config.hpp), e.g. "preset=high", "preset=quant-k3v2,evict=0.5,
- * rope_theta=500000"; "" is the default configuration. */
+ * rope_theta=500000"; "" is the default configuration. The default keeps the latest 16-31 tokens
+ * in fp16 for decoding; a cache compressed to be stored and restored into a dense cache can add
+ * "residual=0" (what Config::parse_at_rest does). */
 E8KV_C_EXPORT e8kv_status e8kv_compressor_create(const e8kv_model_shape* shape, const char* spec,
                                                  e8kv_compressor** compressor) E8KV_NOEXCEPT;
 E8KV_C_EXPORT void e8kv_compressor_destroy(e8kv_compressor* compressor) E8KV_NOEXCEPT;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "e8kv/error.hpp"
+#include "e8kv/numeric/cpu_features.hpp"
 #include "e8kv/numeric/half.hpp"
 #include "naive_select.hpp"
 #include "testing/test_util.hpp"
@@ -82,7 +83,7 @@ struct GqaShape {
 // MHA, GQA with groups of 3, MQA, and MHA with an odd head count.
 const GqaShape kShapes[] = {{1, 1}, {2, 6}, {1, 4}, {3, 3}};
 // 1, 2, odd, a window, window + 1 and a longer run (the windows below are 1, 5 and 32).
-const int64_t kTokenCounts[] = {1, 2, 7, 32, 33, 50};
+const int64_t kTokenCounts[] = {1, 2, 7, 32, 33, 50, 65, 130};  // 65, 130: past the logits' 64-key blocks
 
 // ---- observation window ------------------------------------------------------------------
 
@@ -137,6 +138,25 @@ TEST(ObservationWindowScorer, MatchesNaiveOverShapesSizesWindowsAndPooling) {
                                " pool " + std::to_string(pool));
               if (HasFatalFailure()) return;
             }
+}
+
+// The logits run in an AVX2 twin where the CPU has it: the same bits as the baseline build, for
+// the observation window and the key-key proxy.
+TEST(ObservationWindowScorer, BaselineAndAvx2GiveIdenticalBits) {
+  auto rng = e8kv::test::seeded_rng(1109);
+  const auto k = random_keys(rng, 130, 2, 0);
+  const auto q = random_queries(rng, 32, 6, query_positions(k, 32, QueryPlacement::kImplicit));
+  const LayerQueries lq{view_of(q), nullptr};
+  for (const ScorerKind kind : {ScorerKind::kObservationWindow, ScorerKind::kKeyKeyProxy}) {
+    ScorerOptions o;
+    o.kind = kind;
+    o.window = 32;
+    const auto fast = score_layer(view_of(k), k.pos.data(), &lq, o);
+    e8kv::force_baseline_isa(true);
+    const auto base = score_layer(view_of(k), k.pos.data(), &lq, o);
+    e8kv::force_baseline_isa(false);
+    EXPECT_EQ(fast.scores, base.scores) << "scorer " << static_cast<int>(kind);
+  }
 }
 
 // A query that sees no key (every key after it) adds nothing, so a window of such queries
