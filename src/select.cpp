@@ -10,8 +10,8 @@
 #include "e8kv/error.hpp"
 #include "e8kv/numeric/cpu_features.hpp"
 #include "e8kv/numeric/dot.hpp"
-#include "e8kv/platform.hpp"
 #include "e8kv/numeric/random.hpp"
+#include "e8kv/platform.hpp"
 #include "e8kv/select/eviction.hpp"
 #include "e8kv/select/scorer.hpp"
 
@@ -39,7 +39,6 @@ ScorerKind scorer_from_string(const std::string& name) {
 
 namespace {
 
-// Adds softmax(scale * q·k_t) over the keys visible to a query at `q_pos` into acc[t].
 // Scaled logits of `rows` queries (row r at qs + r·dim, at position q_pos[r]) against one head's
 // keys into logits[r·tokens + t]; a key after its query is −inf. Key blocks are the outer loop, so
 // each block is read from memory once for all the queries rather than once per query (at 4K

@@ -96,7 +96,7 @@ struct Config {
   // Residual fp16 window for appended tokens, flushed into codes in whole blocks. The latest
   // residual_length + 0..flush_block−1 tokens stay fp16: decoding in memory, where the next token
   // attends its neighbours most, 16 halves K2V2's KL on SmolLM2 for a constant 16 rows per head
-  // (+0.2 bits at 1,152 tokens, +0.007 at 32K; docs/accuracy.md, "The recent window"). A state
+  // (+0.2 bits at 1,151 tokens, +0.007 at 32K; docs/accuracy.md, "The recent window"). A state
   // stored at rest and restored into a dense cache gains little from it: parse_at_rest.
   int residual_length = 16;  ///< tokens always left in fp16 after a flush
   int flush_block = 16;     ///< tokens coded per flush (a page of the GPU cache)
