@@ -40,7 +40,12 @@ std::vector<float> build_planar_rope_low(const std::vector<float>& table, int pa
 }
 }  // namespace
 
-CacheCodecs::CacheCodecs(CacheLayout layout) : layout_(std::move(layout)) {
+CacheCodecs::CacheCodecs(CacheLayout layout) : CacheCodecs(std::move(layout), nullptr) {}
+
+CacheCodecs::CacheCodecs(CacheLayout layout, const CacheCodecs& rope_source)
+    : CacheCodecs(std::move(layout), &rope_source) {}
+
+CacheCodecs::CacheCodecs(CacheLayout layout, const CacheCodecs* rope_source) : layout_(std::move(layout)) {
   const auto& L = layout_;
   require(L.n_layers >= 0 && static_cast<int>(L.key_codec.size()) == L.n_layers &&
               static_cast<int>(L.value_codec.size()) == L.n_layers,
@@ -60,9 +65,13 @@ CacheCodecs::CacheCodecs(CacheLayout layout) : layout_(std::move(layout)) {
   rope_ = std::make_unique<transform::Rope>(rp);
   const auto& inv = rope_->inv_freq();
   n_pairs_ = static_cast<int>(inv.size());
-  rope_tables_ = quant::build_rope_table(inv.data(), n_pairs_);
+  // The tables are a function of the inverse frequencies alone: equal ones, equal tables.
+  const bool same_rope = rope_source != nullptr && rope_source->rope_->inv_freq() == inv;
+  rope_tables_ = same_rope ? rope_source->rope_tables_ : quant::build_rope_table(inv.data(), n_pairs_);
   if (layout_.key_frame != transform::KeyFrame::kPostRope)
-    rope_low_planar_ = build_planar_rope_low(rope_tables_, n_pairs_);
+    rope_low_planar_ = same_rope && !rope_source->rope_low_planar_.empty()
+                           ? rope_source->rope_low_planar_
+                           : build_planar_rope_low(rope_tables_, n_pairs_);
 }
 
 const transform::RandomizedHadamard& CacheCodecs::rotation(int layer, int head, int kind) const {

@@ -273,7 +273,7 @@ CompressedKV KVCompressor::compress(const SequenceKV& prefill, const std::vector
   Config allocated = config_;
   allocated.layer_rates = allocate_rates(prefill, queries, executor, pos, layer_tokens);
   allocated.rate_budget = 0.0;
-  CompressedKV cache(std::make_shared<const CacheCodecs>(make_layout(allocated, shape_)));
+  CompressedKV cache(std::make_shared<const CacheCodecs>(make_layout(allocated, shape_), *codecs_));
   extend_scored(cache, prefill, queries, executor, scored.get(), pos);
   return cache;
 }

@@ -10,8 +10,10 @@
 #include <fmt/format.h>
 
 #include "e8kv/error.hpp"
+#include "e8kv/numeric/cpu_features.hpp"
 #include "e8kv/numeric/dot.hpp"
 #include "e8kv/numeric/random.hpp"
+#include "e8kv/platform.hpp"
 #include "e8kv/quant/kv_vector_codec.hpp"
 
 namespace e8kv::select {
@@ -94,7 +96,25 @@ const std::vector<RateOption>& block_rate_options(int head_dim) {
   return it->second;
 }
 
+namespace {
+// The estimate below, compiled for the baseline ISA and for AVX2 (no FMA, no reassociation:
+// -ffp-contract=off and no fast-math, so both give the same bits), picked per call: its logits
+// (dot_product's eight lanes) are most of a budget compress's extra time.
+inline LayerSensitivity estimate_sensitivity_body(const SensitivityInput& in);
+E8KV_TARGET_BASE_FLAT LayerSensitivity estimate_sensitivity_base(const SensitivityInput& in) {
+  return estimate_sensitivity_body(in);
+}
+E8KV_TARGET_AVX2_FLAT LayerSensitivity estimate_sensitivity_avx2(const SensitivityInput& in) {
+  return estimate_sensitivity_body(in);
+}
+}  // namespace
+
 LayerSensitivity estimate_sensitivity(const SensitivityInput& in) {
+  return cpu_has_avx2() ? estimate_sensitivity_avx2(in) : estimate_sensitivity_base(in);
+}
+
+namespace {
+inline LayerSensitivity estimate_sensitivity_body(const SensitivityInput& in) {
   const TensorView& K = in.keys;
   const TensorView& V = in.values;
   const int64_t n = K.tokens(), H = K.heads(), d = K.head_dim();
@@ -260,6 +280,7 @@ LayerSensitivity estimate_sensitivity(const SensitivityInput& in) {
   }
   return s;
 }
+}  // namespace
 
 std::vector<LayerRate> allocate_rates(const std::vector<LayerSensitivity>& sensitivity,
                                       const std::vector<RateOption>& options, double budget_bits,

@@ -92,6 +92,27 @@ TEST(KvVectorCodec, RopeTableMatchesDoublePrecisionAngles) {
   }
 }
 
+// Codecs built for another layout of the same RoPE (a rate budget's per-layer codes) take the
+// tables of the compressor's codecs: the same floats as computing them; another θ or rotary_dim
+// computes its own.
+TEST(KvVectorCodec, CacheCodecsReuseTheRopeTablesOfTheSameFrequenciesOnly) {
+  const CacheCodecs source(make_layout(128, quant::Codec::kRvq3, quant::Codec::kE8P, true));
+  for (const double theta : {10000.0, 500000.0})
+    for (const int rotary_dim : {0, 64}) {
+      CacheLayout L = make_layout(128, quant::Codec::kE8P, quant::Codec::kRvq4, true, RopeLayout::kSplitHalf, rotary_dim, theta);
+      const CacheCodecs fresh(L), reused(L, source);
+      EXPECT_EQ(reused.rope_table(), fresh.rope_table()) << "theta " << theta << " rotary_dim " << rotary_dim;
+      const size_t planar = 2 * 1024 * static_cast<size_t>((fresh.rope().inv_freq().size() + 7) / 8 * 8);
+      ASSERT_NE(reused.key_rope_low_planar(), nullptr);
+      EXPECT_TRUE(std::equal(fresh.key_rope_low_planar(), fresh.key_rope_low_planar() + planar, reused.key_rope_low_planar()));
+      const bool same = theta == 10000.0 && rotary_dim == 0;
+      EXPECT_EQ(reused.rope_table() == source.rope_table(), same) << "theta " << theta << " rotary_dim " << rotary_dim;
+    }
+  const CacheLayout post = make_layout(128, quant::Codec::kE8P, quant::Codec::kE8P, false);
+  const CacheCodecs reused_post(post, source);
+  EXPECT_EQ(reused_post.rope_table(), CacheCodecs(post).rope_table());
+}
+
 TEST(KvVectorCodec, CacheCodecsRopeCosSinIsTheSharedTableFunction) {
   const CacheCodecs codecs(make_layout(64, quant::Codec::kE8P, quant::Codec::kE8P, true));
   const int pairs = 32;

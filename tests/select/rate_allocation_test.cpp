@@ -14,6 +14,7 @@
 #include "e8kv/compressor.hpp"
 #include "e8kv/entropy/container.hpp"
 #include "e8kv/error.hpp"
+#include "e8kv/numeric/cpu_features.hpp"
 #include "e8kv/parallel.hpp"
 #include "testing/kv_fixture.hpp"
 
@@ -289,6 +290,40 @@ TEST(RateAllocation, SensitivityClosedFormsAndScaling) {
   // Shapes are checked.
   in.values = TensorView::nhd(V.data(), DType::kF32, n - 1, H, d);
   EXPECT_THROW(estimate_sensitivity(in), Error);
+}
+
+// The estimate runs in an AVX2 twin where the CPU has it: the same bits as the baseline build,
+// with observation queries (query-weighted keys, an fp16 prefix) and with the key-key proxy.
+TEST(RateAllocation, SensitivityBaselineAndAvx2GiveIdenticalBits) {
+  const int n = 141, H = 2, G = 4, d = 64, w = 8;
+  std::mt19937_64 rng(11);
+  std::normal_distribution<float> g(0.f, 1.f);
+  std::vector<float> K(static_cast<size_t>(n) * H * d), V(K.size()), Q(static_cast<size_t>(w) * H * G * d);
+  for (auto& x : K) x = g(rng);
+  for (auto& x : V) x = g(rng) + 0.25f;
+  for (auto& x : Q) x = g(rng);
+  std::vector<int32_t> pos(static_cast<size_t>(n));
+  for (int t = 0; t < n; ++t) pos[static_cast<size_t>(t)] = 2 * t + 1;
+  const TensorView qv = TensorView::nhd(Q.data(), DType::kF32, w, H * G, d);
+  SensitivityInput in;
+  in.keys = TensorView::nhd(K.data(), DType::kF32, n, H, d);
+  in.values = TensorView::nhd(V.data(), DType::kF32, n, H, d);
+  in.positions = pos.data();
+  in.queries = &qv;
+  in.q_heads = H * G;
+  in.max_queries = w;
+  in.fp16_prefix = 4;
+  in.query_weighted_keys = true;
+  for (const bool with_queries : {true, false}) {
+    in.queries = with_queries ? &qv : nullptr;
+    const LayerSensitivity fast = estimate_sensitivity(in);
+    force_baseline_isa(true);
+    const LayerSensitivity base = estimate_sensitivity(in);
+    force_baseline_isa(false);
+    EXPECT_GT(base.key, 0.0);
+    EXPECT_EQ(fast.key, base.key) << "queries " << with_queries;
+    EXPECT_EQ(fast.value, base.value) << "queries " << with_queries;
+  }
 }
 
 /// Index bits per element of layer l's key and value codes, summed.

@@ -31,6 +31,10 @@ class CacheCodecs {
   };
 
   explicit CacheCodecs(CacheLayout layout);
+  /// The same, taking the RoPE tables from `rope_source` when its rotary inverse frequencies are
+  /// the layout's (a rate budget's per-layer codes for a compressor's cache: only the codecs
+  /// differ), instead of computing them again.
+  CacheCodecs(CacheLayout layout, const CacheCodecs& rope_source);
   const CacheLayout& layout() const { return layout_; }
   const quant::VectorQuantizer& key_quantizer(int layer) const { return key_q_[static_cast<size_t>(layer)]; }
   const quant::VectorQuantizer& value_quantizer(int layer) const { return value_q_[static_cast<size_t>(layer)]; }
@@ -93,6 +97,7 @@ class CacheCodecs {
   quant::VectorCodecArgs codec_args(int layer, int head, int kind) const;
 
  private:
+  CacheCodecs(CacheLayout layout, const CacheCodecs* rope_source);
   CacheLayout layout_;
   std::vector<quant::VectorQuantizer> key_q_, value_q_;
   std::vector<transform::RandomizedHadamard> rotations_;  // [layer][head][kind]
