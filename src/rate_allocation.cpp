@@ -97,23 +97,6 @@ const std::vector<RateOption>& block_rate_options(int head_dim) {
 }
 
 namespace {
-// The estimate below, compiled for the baseline ISA and for AVX2 (no FMA, no reassociation:
-// -ffp-contract=off and no fast-math, so both give the same bits), picked per call: its logits
-// (dot_product's eight lanes) are most of a budget compress's extra time.
-inline LayerSensitivity estimate_sensitivity_body(const SensitivityInput& in);
-E8KV_TARGET_BASE_FLAT LayerSensitivity estimate_sensitivity_base(const SensitivityInput& in) {
-  return estimate_sensitivity_body(in);
-}
-E8KV_TARGET_AVX2_FLAT LayerSensitivity estimate_sensitivity_avx2(const SensitivityInput& in) {
-  return estimate_sensitivity_body(in);
-}
-}  // namespace
-
-LayerSensitivity estimate_sensitivity(const SensitivityInput& in) {
-  return cpu_has_avx2() ? estimate_sensitivity_avx2(in) : estimate_sensitivity_base(in);
-}
-
-namespace {
 inline LayerSensitivity estimate_sensitivity_body(const SensitivityInput& in) {
   const TensorView& K = in.keys;
   const TensorView& V = in.values;
@@ -280,7 +263,21 @@ inline LayerSensitivity estimate_sensitivity_body(const SensitivityInput& in) {
   }
   return s;
 }
+
+// The estimate compiled for the baseline ISA and for AVX2 (no FMA, no reassociation:
+// -ffp-contract=off and no fast-math, so both give the same bits), picked per call: its logits
+// (dot_product's eight lanes) are most of a budget compress's extra time.
+E8KV_TARGET_BASE_FLAT LayerSensitivity estimate_sensitivity_base(const SensitivityInput& in) {
+  return estimate_sensitivity_body(in);
+}
+E8KV_TARGET_AVX2_FLAT LayerSensitivity estimate_sensitivity_avx2(const SensitivityInput& in) {
+  return estimate_sensitivity_body(in);
+}
 }  // namespace
+
+LayerSensitivity estimate_sensitivity(const SensitivityInput& in) {
+  return cpu_has_avx2() ? estimate_sensitivity_avx2(in) : estimate_sensitivity_base(in);
+}
 
 std::vector<LayerRate> allocate_rates(const std::vector<LayerSensitivity>& sensitivity,
                                       const std::vector<RateOption>& options, double budget_bits,

@@ -169,16 +169,15 @@ LayerScores score_layer(const TensorView& keys, const int32_t* key_positions, co
       }
       return out;
     case ScorerKind::kKeyKeyProxy: {
-      std::vector<float> logits(static_cast<size_t>(T));
+      // The last W keys are the queries: all W rows at once, as the observation window does.
       const int64_t W = std::min<int64_t>(o.window, T);
+      std::vector<float> logits(static_cast<size_t>(W * T));
       for (int64_t h = 0; h < H; ++h) {
         const auto k = load_head(keys, h);
         float* acc = &out.scores[static_cast<size_t>(h * T)];
-        for (int64_t w = T - W; w < T; ++w) {
-          attention_logits(&k[static_cast<size_t>(w * d)], &key_positions[w], 1, k, T, d, key_positions, scale,
-                           logits.data());
-          accumulate_softmax(logits.data(), T, acc);
-        }
+        attention_logits(&k[static_cast<size_t>((T - W) * d)], &key_positions[T - W], W, k, T, d, key_positions, scale,
+                         logits.data());
+        for (int64_t w = 0; w < W; ++w) accumulate_softmax(&logits[static_cast<size_t>(w * T)], T, acc);
       }
       break;
     }

@@ -198,24 +198,47 @@ TEST(RateAllocation, BlockOptionsAreOrderedAndConvex) {
   }
 }
 
+// A layer for the sensitivity estimate: Gaussian keys, values (plus value_mean) and queries (zero
+// when zero_queries; drawn after K and V from the same generator, which a test may go on using),
+// positions first + stride·t, and the estimate's input over them (views into the vectors).
+struct SensitivityData {
+  std::mt19937_64 rng;
+  std::normal_distribution<float> g{0.f, 1.f};
+  std::vector<float> K, V, Q;
+  std::vector<int32_t> pos;
+  TensorView qv;
+  SensitivityInput in;
+  SensitivityData(int n, int H, int G, int d, int w, uint64_t seed, float value_mean, bool zero_queries, int32_t stride,
+                  int32_t first)
+      : rng(seed), K(static_cast<size_t>(n) * H * d), V(K.size()), Q(static_cast<size_t>(w) * H * G * d, 0.f),
+        pos(static_cast<size_t>(n)) {
+    for (auto& x : K) x = g(rng);
+    for (auto& x : V) x = g(rng) + value_mean;
+    if (!zero_queries)
+      for (auto& x : Q) x = g(rng);
+    for (int t = 0; t < n; ++t) pos[static_cast<size_t>(t)] = first + stride * t;
+    qv = TensorView::nhd(Q.data(), DType::kF32, w, H * G, d);
+    in.keys = TensorView::nhd(K.data(), DType::kF32, n, H, d);
+    in.values = TensorView::nhd(V.data(), DType::kF32, n, H, d);
+    in.positions = pos.data();
+    in.queries = &qv;
+  }
+  SensitivityData(const SensitivityData&) = delete;
+  SensitivityData& operator=(const SensitivityData&) = delete;
+};
+
 // Closed forms of the sensitivity: zero queries attend uniformly, so with n visible tokens, w queries and
 // G query heads per KV head, O = μ and S_V = Σ_h w·G·Σ_t ‖v_t − μ_h‖²/n² / Σ_h w·G·‖μ_h‖² exactly,
 // and S_K = 0 (‖q‖ = 0).
 TEST(RateAllocation, SensitivityClosedFormsAndScaling) {
   const int n = 37, H = 2, G = 3, d = 64, w = 5;
-  std::mt19937_64 rng(7);
-  std::normal_distribution<float> g(0.f, 1.f);
-  std::vector<float> K(static_cast<size_t>(n) * H * d), V(K.size()), Q(static_cast<size_t>(w) * H * G * d, 0.f);
-  for (auto& x : K) x = g(rng);
-  for (auto& x : V) x = g(rng) + 0.5f;
-  std::vector<int32_t> pos(static_cast<size_t>(n));
-  for (int t = 0; t < n; ++t) pos[static_cast<size_t>(t)] = 3 * t;
-  const TensorView qv = TensorView::nhd(Q.data(), DType::kF32, w, H * G, d);
-  SensitivityInput in;
-  in.keys = TensorView::nhd(K.data(), DType::kF32, n, H, d);
-  in.values = TensorView::nhd(V.data(), DType::kF32, n, H, d);
-  in.positions = pos.data();
-  in.queries = &qv;
+  SensitivityData f(n, H, G, d, w, 7, 0.5f, /*zero_queries=*/true, 3, 0);
+  auto &K = f.K, &V = f.V, &Q = f.Q;
+  auto& rng = f.rng;
+  auto& g = f.g;
+  const auto& pos = f.pos;
+  const TensorView& qv = f.qv;
+  SensitivityInput& in = f.in;
   const std::vector<int32_t> last(static_cast<size_t>(w), pos.back());  // every key visible
   in.query_positions = last.data();
   in.q_heads = H * G;
@@ -295,21 +318,10 @@ TEST(RateAllocation, SensitivityClosedFormsAndScaling) {
 // The estimate runs in an AVX2 twin where the CPU has it: the same bits as the baseline build,
 // with observation queries (query-weighted keys, an fp16 prefix) and with the key-key proxy.
 TEST(RateAllocation, SensitivityBaselineAndAvx2GiveIdenticalBits) {
-  const int n = 141, H = 2, G = 4, d = 64, w = 8;
-  std::mt19937_64 rng(11);
-  std::normal_distribution<float> g(0.f, 1.f);
-  std::vector<float> K(static_cast<size_t>(n) * H * d), V(K.size()), Q(static_cast<size_t>(w) * H * G * d);
-  for (auto& x : K) x = g(rng);
-  for (auto& x : V) x = g(rng) + 0.25f;
-  for (auto& x : Q) x = g(rng);
-  std::vector<int32_t> pos(static_cast<size_t>(n));
-  for (int t = 0; t < n; ++t) pos[static_cast<size_t>(t)] = 2 * t + 1;
-  const TensorView qv = TensorView::nhd(Q.data(), DType::kF32, w, H * G, d);
-  SensitivityInput in;
-  in.keys = TensorView::nhd(K.data(), DType::kF32, n, H, d);
-  in.values = TensorView::nhd(V.data(), DType::kF32, n, H, d);
-  in.positions = pos.data();
-  in.queries = &qv;
+  const int H = 2, G = 4, w = 8;
+  SensitivityData f(141, H, G, 64, w, 11, 0.25f, /*zero_queries=*/false, 2, 1);
+  const TensorView& qv = f.qv;
+  SensitivityInput& in = f.in;
   in.q_heads = H * G;
   in.max_queries = w;
   in.fp16_prefix = 4;
