@@ -27,7 +27,8 @@ namespace ent = e8kv::entropy;
 
 bool same(const e8kv::CompressedKV::LayerData& a, const e8kv::CompressedKV::LayerData& b) {
   if (a.original_tokens != b.original_tokens || a.pinned != b.pinned || a.positions != b.positions ||
-      a.window_positions != b.window_positions || a.heads.size() != b.heads.size() || a.query_energy != b.query_energy)
+      a.window_positions != b.window_positions || a.tier_positions != b.tier_positions ||
+      a.heads.size() != b.heads.size() || a.query_energy != b.query_energy)
     return false;
   for (size_t h = 0; h < a.heads.size(); ++h) {
     const auto& x = a.heads[h];
@@ -36,7 +37,9 @@ bool same(const e8kv::CompressedKV::LayerData& a, const e8kv::CompressedKV::Laye
         x.value_gains != y.value_gains || x.window_keys != y.window_keys || x.window_values != y.window_values ||
         x.key_mean != y.key_mean || x.value_mean != y.value_mean || x.key_channel_scale != y.key_channel_scale ||
         x.key_gain_codes != y.key_gain_codes || x.value_gain_codes != y.value_gain_codes ||
-        x.key_gain_ref != y.key_gain_ref || x.value_gain_ref != y.value_gain_ref)
+        x.key_gain_ref != y.key_gain_ref || x.value_gain_ref != y.value_gain_ref ||
+        x.tier_key_codes != y.tier_key_codes || x.tier_value_codes != y.tier_value_codes ||
+        x.tier_key_gains != y.tier_key_gains || x.tier_value_gains != y.tier_value_gains)
       return false;
   }
   return true;

@@ -34,21 +34,29 @@ std::vector<T> rows_of(const std::vector<T>& v, size_t rows, size_t a, size_t b)
   return std::vector<T>(v.begin() + static_cast<std::ptrdiff_t>(a * w), v.begin() + static_cast<std::ptrdiff_t>(b * w));
 }
 
-// The range [begin, end) of every set's stored tokens (coded, then window) cut from `all`, and
-// compared with what deserialize_tokens returned.
+// The range [begin, end) of every set's stored tokens (coded, then code tier, then window) cut
+// from `all`, and compared with what deserialize_tokens returned.
 void check_is_slice(const LayerData& all, const LayerData& part, int64_t begin, int64_t end) {
   check(part.original_tokens == all.original_tokens && part.pinned == all.pinned);
   check(part.heads.size() == all.heads.size() && part.positions.size() == all.positions.size());
+  check(all.tier_positions.size() == all.positions.size() && part.tier_positions.size() == all.positions.size());
   check(part.query_energy == all.query_energy);
   const size_t sets = all.positions.size();
   for (size_t h = 0; h < all.heads.size(); ++h) {
     const size_t s = sets == 1 ? 0 : h;
-    const size_t C = all.positions[s].size(), W = all.window_positions[s].size();
-    const size_t lo = static_cast<size_t>(std::min<int64_t>(begin, static_cast<int64_t>(C + W)));
-    const size_t hi = static_cast<size_t>(std::min<int64_t>(end, static_cast<int64_t>(C + W)));
-    const size_t c0 = std::min(lo, C), c1 = std::min(hi, C), w0 = std::max(lo, C) - C, w1 = std::max(hi, C) - C;
+    const size_t C = all.positions[s].size(), T = all.tier_positions[s].size(), W = all.window_positions[s].size();
+    const size_t CT = C + T;
+    const size_t lo = static_cast<size_t>(std::min<int64_t>(begin, static_cast<int64_t>(CT + W)));
+    const size_t hi = static_cast<size_t>(std::min<int64_t>(end, static_cast<int64_t>(CT + W)));
+    const size_t c0 = std::min(lo, C), c1 = std::min(hi, C);
+    const size_t t0 = std::min(std::max(lo, C), CT) - C, t1 = std::min(std::max(hi, C), CT) - C;
+    const size_t w0 = std::max(lo, CT) - CT, w1 = std::max(hi, CT) - CT;
     const auto& x = all.heads[h];
     const auto& y = part.heads[h];
+    check(y.tier_key_codes == rows_of(x.tier_key_codes, T, t0, t1) &&
+          y.tier_value_codes == rows_of(x.tier_value_codes, T, t0, t1));
+    check(y.tier_key_gains == rows_of(x.tier_key_gains, T, t0, t1) &&
+          y.tier_value_gains == rows_of(x.tier_value_gains, T, t0, t1));
     check(y.key_codes == rows_of(x.key_codes, C, c0, c1) && y.value_codes == rows_of(x.value_codes, C, c0, c1));
     check(y.key_gains == rows_of(x.key_gains, C, c0, c1) && y.value_gains == rows_of(x.value_gains, C, c0, c1));
     check(y.key_gain_codes == rows_of(x.key_gain_codes, C, c0, c1) &&
@@ -58,6 +66,7 @@ void check_is_slice(const LayerData& all, const LayerData& part, int64_t begin, 
     check(y.key_gain_ref == x.key_gain_ref && y.value_gain_ref == x.value_gain_ref);
     if (h == s || sets == 1) {
       check(part.positions[s] == rows_of(all.positions[s], C, c0, c1));
+      check(part.tier_positions[s] == rows_of(all.tier_positions[s], T, t0, t1));
       check(part.window_positions[s] == rows_of(all.window_positions[s], W, w0, w1));
     }
   }

@@ -1,8 +1,8 @@
 // Seed corpus of the container fuzzers (fuzz/seed_corpus.hpp): small synthetic caches compressed
 // with every preset, written as format version 1 (qweight=0, gain_bits=16, rope=pre), version 2
-// (rope=pre), version 3 (rope=residual, the default) and version 4 (an fp16 tier), plus per-head
-// positions with post-RoPE keys and scaled RoPE, a pending query energy, an empty cache and plain
-// fp16 / bf16 containers. Each blob is at most a few tens of KB.
+// (rope=pre), version 3 (rope=residual, the default), version 4 (an fp16 tier) and version 5 (a
+// code tier), plus per-head positions with post-RoPE keys and scaled RoPE, a pending query energy,
+// an empty cache and plain fp16 / bf16 containers. Each blob is at most a few tens of KB.
 #include "seed_corpus.hpp"
 
 #include <algorithm>
@@ -127,6 +127,16 @@ int write_seed_corpus(const std::string& dir) {
     if (entropy::read_info(bytes.data(), bytes.size()).format_version != 4)
       throw Error("write_seed_corpus: the fp16-tier cache was not written as version 4");
     w.add(std::string("fp16-tier") + (*tail ? "-per-head" : ""), bytes);
+  }
+  // Version 5: a code tier (a second code stream per head), shared and per-head sets, beside an
+  // fp16 tier.
+  for (const char* tail : {"", ",per_head=1,evict=0.3,fp16_tier=0.05"}) {
+    const Config cfg = Config::parse(std::string("preset=quant-k3v2,code_tier=0.2,mean_tokens=8,residual=4,flush=8,"
+                                                 "sinks=2,recent=4") + tail);
+    const std::vector<uint8_t> bytes = entropy::serialize(make_cache(spec(40, 64, ++seed), cfg, 6), chunks);
+    if (entropy::read_info(bytes.data(), bytes.size()).format_version != 5)
+      throw Error("write_seed_corpus: the code-tier cache was not written as version 5");
+    w.add(std::string("code-tier") + (*tail ? "-per-head" : ""), bytes);
   }
   // Nothing flushed yet: the observation queries' energy is pending (version 2).
   w.add("pending-energy", entropy::serialize(make_cache(spec(6, 64, 201), Config::parse("preset=high"), 0), chunks));

@@ -54,6 +54,8 @@ CacheCodecs::CacheCodecs(CacheLayout layout, const CacheCodecs* rope_source) : l
     key_q_.emplace_back(L.head_dim, L.key_codec[static_cast<size_t>(l)], L.key_gain, L.key_scale);
     value_q_.emplace_back(L.head_dim, L.value_codec[static_cast<size_t>(l)], L.value_gain, L.value_scale);
   }
+  tier_q_.emplace_back(L.head_dim, L.tier_key_codec, L.key_gain, L.key_scale);
+  tier_q_.emplace_back(L.head_dim, L.tier_value_codec, L.value_gain, L.value_scale);
   rotations_.reserve(static_cast<size_t>(L.n_layers) * L.n_kv_heads * 2);
   for (int l = 0; l < L.n_layers; ++l)
     for (int h = 0; h < L.n_kv_heads; ++h)
@@ -214,6 +216,36 @@ void CacheCodecs::encode(int layer, int head, KvKind kind, size_t n, const uint1
   });
 }
 
+void CacheCodecs::encode_tier(int layer, int head, KvKind kind, size_t n, const uint16_t* rows, uint8_t* codes,
+                              uint16_t* gains) const {
+  detail::require(layout_.layer_has_code_tier(layer), "CacheCodecs::encode_tier: layer {} has no code tier", layer);
+  const int d = layout_.head_dim;
+  const auto& q = tier_quantizer(kind);
+  const size_t cb = q.code_bytes();
+  const quant::VectorCodecArgs args = codec_args(layer, head, static_cast<int>(kind));
+  quant::dispatch_block_code(q.codec(), [&](auto code) {
+    float x[quant::kMaxCodecHeadDim];
+    for (size_t t = 0; t < n; ++t) {
+      detail::fp16_bits_to_floats_batch(rows + t * d, x, static_cast<size_t>(d));
+      quant::encode_value_vector<decltype(code)>(x, args, codes + t * cb, gains + t);  // keys post-RoPE: as a value
+    }
+    return 0;
+  });
+}
+
+void CacheCodecs::decode_tier(int layer, int head, KvKind kind, size_t n, const uint8_t* codes, const uint16_t* gains,
+                              float* out) const {
+  detail::require(layout_.layer_has_code_tier(layer), "CacheCodecs::decode_tier: layer {} has no code tier", layer);
+  const int d = layout_.head_dim;
+  const auto& q = tier_quantizer(kind);
+  const size_t cb = q.code_bytes();
+  const quant::VectorCodecArgs args = codec_args(layer, head, static_cast<int>(kind));
+  quant::dispatch_block_code(q.codec(), [&](auto code) {
+    for (size_t t = 0; t < n; ++t) quant::decode_value_vector<decltype(code)>(codes + t * cb, gains[t], args, out + t * d);
+    return 0;
+  });
+}
+
 void CacheCodecs::decode(int layer, int head, KvKind kind, size_t n, const uint8_t* codes, const float* gains,
                          const int32_t* positions, const HeadState& state, float* out) const {
   const int d = layout_.head_dim;
@@ -285,6 +317,7 @@ CompressedKV::CompressedKV(std::shared_ptr<const CacheCodecs> codecs) : codecs_(
   for (auto& layer : layers_) {
     layer.positions.assign(sets, {});
     layer.window_positions.assign(sets, {});
+    layer.tier_positions.assign(sets, {});
     layer.heads.assign(static_cast<size_t>(L.n_kv_heads), {});
   }
 }
@@ -314,6 +347,14 @@ const std::vector<int32_t>& CompressedKV::window_positions(int l, int h) const {
   return ld.window_positions[ld.window_positions.size() == 1 ? 0 : static_cast<size_t>(h)];
 }
 
+const std::vector<int32_t>& CompressedKV::tier_positions(int l, int h) const {
+  const auto& ld = layer(l);
+  require(h >= 0 && h < static_cast<int>(ld.heads.size()), "CompressedKV: head out of range");
+  static const std::vector<int32_t> kNone;  // a layer built without tier sets (none stored)
+  if (ld.tier_positions.empty()) return kNone;
+  return ld.tier_positions[ld.tier_positions.size() == 1 ? 0 : static_cast<size_t>(h)];
+}
+
 int64_t CompressedKV::original_tokens() const {
   int64_t n = 0;
   for (const auto& l : layers_) n = std::max(n, l.original_tokens);
@@ -327,18 +368,20 @@ CompressedKV::ByteBreakdown CompressedKV::byte_breakdown() const {
   std::vector<int32_t> all;
   for (const auto& l : layers_) {
     for (const auto& h : l.heads) {
-      b.codes += h.key_codes.size() + h.value_codes.size();
-      b.gains += 2 * (h.key_gains.size() + h.value_gains.size()) + h.key_gain_codes.size() + h.value_gain_codes.size() +
-                 (h.key_gain_ref != 0 ? 2 : 0) + (h.value_gain_ref != 0 ? 2 : 0);
+      b.codes += h.key_codes.size() + h.value_codes.size() + h.tier_key_codes.size() + h.tier_value_codes.size();
+      b.gains += 2 * (h.key_gains.size() + h.value_gains.size() + h.tier_key_gains.size() + h.tier_value_gains.size()) +
+                 h.key_gain_codes.size() + h.value_gain_codes.size() + (h.key_gain_ref != 0 ? 2 : 0) +
+                 (h.value_gain_ref != 0 ? 2 : 0);
       b.window += 2 * (h.window_keys.size() + h.window_values.size());
       b.means += 2 * (h.key_mean.size() + h.value_mean.size() + h.key_channel_scale.size());
     }
     for (const auto& e : l.query_energy) b.pending_energy += 4 * e.size();
     for (size_t s = 0; s < l.positions.size(); ++s) {
-      // A set whose positions (coded and window) form one contiguous run is stored as
+      // A set whose positions (coded, tier and window) form one contiguous run is stored as
       // (start, count); otherwise 4 bytes per position.
       all = l.positions[s];
       all.insert(all.end(), l.window_positions[s].begin(), l.window_positions[s].end());
+      if (s < l.tier_positions.size()) all.insert(all.end(), l.tier_positions[s].begin(), l.tier_positions[s].end());
       std::sort(all.begin(), all.end());
       bool contiguous = true;
       for (size_t i = 1; i < all.size(); ++i) contiguous = contiguous && all[i] == all[i - 1] + 1;
@@ -374,14 +417,16 @@ size_t CompressedKV::resident_bytes() const {
   size_t b = layers_.capacity() * sizeof(LayerData);
   auto cap = [](const auto& v) { return v.capacity() * sizeof(v[0]); };
   for (const auto& l : layers_) {
-    b += cap(l.positions) + cap(l.window_positions) + cap(l.heads) + cap(l.query_energy);
+    b += cap(l.positions) + cap(l.window_positions) + cap(l.tier_positions) + cap(l.heads) + cap(l.query_energy);
     for (const auto& p : l.positions) b += cap(p);
     for (const auto& p : l.window_positions) b += cap(p);
+    for (const auto& p : l.tier_positions) b += cap(p);
     for (const auto& e : l.query_energy) b += cap(e);
     for (const auto& h : l.heads)
       b += cap(h.key_codes) + cap(h.value_codes) + cap(h.key_gains) + cap(h.value_gains) + cap(h.window_keys) +
            cap(h.window_values) + cap(h.key_mean) + cap(h.value_mean) + cap(h.key_channel_scale) +
-           cap(h.key_gain_codes) + cap(h.value_gain_codes);
+           cap(h.key_gain_codes) + cap(h.value_gain_codes) + cap(h.tier_key_codes) + cap(h.tier_value_codes) +
+           cap(h.tier_key_gains) + cap(h.tier_value_gains);
   }
   return b;
 }
@@ -393,11 +438,13 @@ CompactHead CompressedKV::decompress_head(int l, int h) const {
   const auto& hd = ld.heads[static_cast<size_t>(h)];
   const auto& pos = positions(l, h);
   const auto& wpos = window_positions(l, h);
+  const auto& tpos = tier_positions(l, h);
   const int d = L.head_dim;
   CompactHead out;
   out.positions = pos;
+  out.positions.insert(out.positions.end(), tpos.begin(), tpos.end());
   out.positions.insert(out.positions.end(), wpos.begin(), wpos.end());
-  const size_t n = out.positions.size(), nc = pos.size();
+  const size_t n = out.positions.size(), nc = pos.size(), nt = tpos.size();
   out.keys.resize(n * d);
   out.values.resize(n * d);
   // Coded tokens, through the codec's inverse.
@@ -418,10 +465,15 @@ CompactHead CompressedKV::decompress_head(int l, int h) const {
   vs.mean = floats(hd.value_mean, vmu);
   codecs_->decode(l, h, KvKind::kKey, nc, hd.key_codes.data(), kg.data(), pos.data(), ks, out.keys.data());
   codecs_->decode(l, h, KvKind::kValue, nc, hd.value_codes.data(), vg.data(), pos.data(), vs, out.values.data());
-  // The fp16 window.
-  fp16_bits_to_floats(hd.window_keys.data(), out.keys.data() + nc * d, wpos.size() * d);
-  fp16_bits_to_floats(hd.window_values.data(), out.values.data() + nc * d, wpos.size() * d);
-  // Pinned tokens (sinks, fp16 tier) sit at the front of the window: order everything by position.
+  // The code tier, then the fp16 window.
+  if (nt > 0) {
+    codecs_->decode_tier(l, h, KvKind::kKey, nt, hd.tier_key_codes.data(), hd.tier_key_gains.data(), out.keys.data() + nc * d);
+    codecs_->decode_tier(l, h, KvKind::kValue, nt, hd.tier_value_codes.data(), hd.tier_value_gains.data(),
+                         out.values.data() + nc * d);
+  }
+  fp16_bits_to_floats(hd.window_keys.data(), out.keys.data() + (nc + nt) * d, wpos.size() * d);
+  fp16_bits_to_floats(hd.window_values.data(), out.values.data() + (nc + nt) * d, wpos.size() * d);
+  // Tier tokens and pinned ones (sinks, fp16 tier) sit at any position: order everything by position.
   std::vector<size_t> order(n);
   for (size_t i = 0; i < n; ++i) order[i] = i;
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return out.positions[a] < out.positions[b]; });
@@ -438,11 +490,13 @@ CompactHead CompressedKV::decompress_head(int l, int h) const {
 }
 
 // The pinned tokens (sinks, fp16 tier) lead the window, ascending, and the unpinned ones follow,
-// ascending: the latest token is the last coded one, the last pinned one or the window's last.
+// ascending; tier tokens are ascending: the latest token is the last coded one, the last tier
+// one, the last pinned one or the window's last.
 int64_t CompressedKV::LayerData::last_position(size_t set) const {
   int64_t last = -1;
   const auto& w = window_positions[set];
   if (!positions[set].empty()) last = positions[set].back();
+  if (set < tier_positions.size() && !tier_positions[set].empty()) last = std::max<int64_t>(last, tier_positions[set].back());
   if (!w.empty()) last = std::max<int64_t>(last, w.back());
   const size_t n_pinned = static_cast<size_t>(std::min<int64_t>(pinned, static_cast<int64_t>(w.size())));
   if (n_pinned > 0) last = std::max<int64_t>(last, w[n_pinned - 1]);
@@ -459,7 +513,7 @@ int64_t CompressedKV::last_position(int l) const {
 std::vector<int32_t> CompressedKV::stored_positions(int l) const {
   const auto& ld = layer(l);
   std::vector<int32_t> all;
-  for (const auto* sets : {&ld.positions, &ld.window_positions})
+  for (const auto* sets : {&ld.positions, &ld.tier_positions, &ld.window_positions})
     for (const auto& set : *sets) all.insert(all.end(), set.begin(), set.end());
   std::sort(all.begin(), all.end());
   all.erase(std::unique(all.begin(), all.end()), all.end());

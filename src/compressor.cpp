@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <memory>
 #include <map>
 #include <sstream>
@@ -30,6 +31,14 @@ KVCompressor::KVCompressor(const ModelShape& shape, const Config& config) : shap
 }
 
 namespace {
+
+/// The ascending token list `a` without the tokens of the ascending list `b`.
+std::vector<int64_t> without_tokens(const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
+  std::vector<int64_t> out;
+  out.reserve(a.size());
+  std::set_difference(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(out));
+  return out;
+}
 
 // Reads one head vector, rounded to fp16 (the cache's working precision); rejects non-finite
 // values and values beyond the fp16 range (both convert to an all-ones exponent).
@@ -265,9 +274,11 @@ CompressedKV KVCompressor::compress(const SequenceKV& prefill, const std::vector
   if (spread) {
     scored = std::make_unique<ChunkScores>(
         score_chunk(prefill, queries, executor, pos, codecs_->layout().effective_softmax_scale(), 0, true));
-    // What extend pins in every kept set: the sinks of a first chunk (with fp16_sinks) and the tier.
+    // What extend pins in every kept set: the sinks of a first chunk (with fp16_sinks) and the
+    // fp16 tier; the code tier's tokens too (in a layer whose codes the tier does not raise they
+    // stay in its codes: a weight, not an exact count).
     const int64_t pinned = (config_.fp16_sinks ? chunk_eviction_options(config_, 0, n).sinks : 0) +
-                           select::tier_count(n, config_.fp16_tier);
+                           select::tier_count(n, config_.fp16_tier + config_.code_tier);
     for (int64_t evicted : scored->spread_counts) layer_tokens.push_back(std::max<int64_t>(n - evicted - pinned, 0));
   }
   Config allocated = config_;
@@ -315,7 +326,9 @@ void KVCompressor::extend_scored(CompressedKV& cache, const SequenceKV& chunk, c
   const select::ScorerOptions so = config_.scorer_options();
   const bool evict = config_.eviction_rate > 0.0 && n > 0;
   const int64_t tier = select::tier_count(n, config_.fp16_tier);  // fp16-tier tokens per kept set
-  const bool score = evict || tier > 0;
+  // Code-tier tokens per kept set: the next ones by score (counted so both tiers together round once).
+  const int64_t code_tier = select::tier_count(n, config_.fp16_tier + config_.code_tier) - tier;
+  const bool score = evict || tier > 0 || code_tier > 0;
   auto eviction_options = [&](int64_t before) { return chunk_eviction_options(config_, before, n); };
 
   // Shared selection (one kept set and fp16 tier for every layer, from the mean over layers of
@@ -324,7 +337,7 @@ void KVCompressor::extend_scored(CompressedKV& cache, const SequenceKV& chunk, c
   // planned. Layers are scored in parallel and combined in layer order, so the result does not
   // depend on the executor; like the rest of the plan it is made before the cache changes.
   const bool spread = evict && config_.layer_adaptive_eviction;
-  std::vector<int64_t> shared_set, shared_tier;
+  std::vector<int64_t> shared_set, shared_tier, shared_code_tier;
   std::vector<select::LayerScores> spread_scores;  // spread: each layer's scores, reused below
   std::vector<int64_t> spread_counts;              // spread: tokens each layer evicts
   if ((config_.shared_selection && score) || spread) {
@@ -359,6 +372,7 @@ void KVCompressor::extend_scored(CompressedKV& cache, const SequenceKV& chunk, c
         for (int64_t t = 0; t < n; ++t) shared_set[static_cast<size_t>(t)] = t;
       }
       shared_tier = select::select_tier(mean, shared_set, tier, eo);
+      if (code_tier > 0) shared_code_tier = without_tokens(select::select_tier(mean, shared_set, tier + code_tier, eo), shared_tier);
     }
   }
 
@@ -384,11 +398,13 @@ void KVCompressor::extend_scored(CompressedKV& cache, const SequenceKV& chunk, c
     select::EvictionOptions eo = eviction_options(ld.original_tokens);
     if (spread) eo.evict_count = spread_counts[static_cast<size_t>(l)];
     const int64_t sinks_here = eo.sinks;
-    // The kept sets (chunk indices), and per set its fp16-tier tokens.
-    std::vector<std::vector<int64_t>> sets, tiers;
+    // The kept sets (chunk indices), and per set its fp16-tier and code-tier tokens.
+    std::vector<std::vector<int64_t>> sets, tiers, code_tiers;
+    const bool layer_code_tier = code_tier > 0 && cache.layout().layer_has_code_tier(l);
     if (score && config_.shared_selection) {
       sets.assign(1, shared_set);
       tiers.assign(1, shared_tier);
+      code_tiers.assign(1, layer_code_tier ? shared_code_tier : std::vector<int64_t>{});
     } else {
       select::LayerScores scores;
       if (spread) {
@@ -405,16 +421,40 @@ void KVCompressor::extend_scored(CompressedKV& cache, const SequenceKV& chunk, c
         sets.assign(config_.per_head_selection ? static_cast<size_t>(H) : 1, all);
       }
       tiers.resize(sets.size());
-      if (tier > 0)
+      code_tiers.resize(sets.size());
+      if (tier > 0 || layer_code_tier)
         for (size_t s = 0; s < sets.size(); ++s) {
           const std::vector<float> row =
               sets.size() == 1 ? select::aggregate_heads(scores, config_.head_aggregation)
                                : std::vector<float>(scores.scores.begin() + static_cast<int64_t>(s) * n,
                                                     scores.scores.begin() + static_cast<int64_t>(s + 1) * n);
           tiers[s] = select::select_tier(row, sets[s], tier, eo);
+          if (layer_code_tier) code_tiers[s] = without_tokens(select::select_tier(row, sets[s], tier + code_tier, eo), tiers[s]);
         }
     }
+    // The code tier leaves the kept sets: its tokens go to their own stream (LayerInput::tier_*).
     detail::LayerInput in;
+    if (layer_code_tier) {
+      in.tier_positions.resize(sets.size());
+      in.tier_keys.resize(static_cast<size_t>(H));
+      in.tier_values.resize(static_cast<size_t>(H));
+      for (size_t s = 0; s < sets.size(); ++s) {
+        for (int64_t t : code_tiers[s]) in.tier_positions[s].push_back(pos[static_cast<size_t>(t)]);
+        const int h_begin = sets.size() == 1 ? 0 : static_cast<int>(s);
+        const int h_end = sets.size() == 1 ? static_cast<int>(H) : static_cast<int>(s) + 1;
+        for (int h = h_begin; h < h_end; ++h) {
+          auto& kr = in.tier_keys[static_cast<size_t>(h)];
+          auto& vr = in.tier_values[static_cast<size_t>(h)];
+          kr.resize(code_tiers[s].size() * static_cast<size_t>(d));
+          vr.resize(kr.size());
+          for (size_t i = 0; i < code_tiers[s].size(); ++i) {
+            load_fp16_rounded(kv.keys, code_tiers[s][i], h, &kr[i * static_cast<size_t>(d)], "keys");
+            load_fp16_rounded(kv.values, code_tiers[s][i], h, &vr[i * static_cast<size_t>(d)], "values");
+          }
+        }
+        sets[s] = without_tokens(sets[s], code_tiers[s]);
+      }
+    }
     in.given = n;
     in.positions.resize(sets.size());
     in.keys.resize(static_cast<size_t>(H));
@@ -515,7 +555,9 @@ void KVCompressor::drop_before(CompressedKV& cache, int32_t position) const {
     }
     nd.positions.resize(ld.positions.size());
     nd.window_positions.resize(ld.positions.size());
+    nd.tier_positions.resize(ld.positions.size());
     const size_t kcb = codecs_->code_bytes(l, KvKind::kKey), vcb = codecs_->code_bytes(l, KvKind::kValue);
+    const size_t tkcb = codecs_->tier_code_bytes(KvKind::kKey), tvcb = codecs_->tier_code_bytes(KvKind::kValue);
     int64_t pinned_after = -1;
     for (size_t s = 0; s < ld.positions.size(); ++s) {
       const auto& cp = ld.positions[s];
@@ -535,6 +577,10 @@ void KVCompressor::drop_before(CompressedKV& cache, int32_t position) const {
       pinned_after = pinned;
       nd.positions[s].assign(cp.begin() + static_cast<std::ptrdiff_t>(drop_coded), cp.end());
       nd.window_positions[s] = without(without(w, np, np + drop_window), 0, drop_pinned);
+      static const std::vector<int32_t> kNoTier;
+      const auto& tp = s < ld.tier_positions.size() ? ld.tier_positions[s] : kNoTier;
+      const size_t drop_tier = static_cast<size_t>(std::lower_bound(tp.begin(), tp.end(), position) - tp.begin());
+      nd.tier_positions[s].assign(tp.begin() + static_cast<std::ptrdiff_t>(drop_tier), tp.end());
       const int h_begin = ld.positions.size() == 1 ? 0 : static_cast<int>(s);
       const int h_end = ld.positions.size() == 1 ? shape_.n_kv_heads : static_cast<int>(s) + 1;
       for (int h = h_begin; h < h_end; ++h) {
@@ -547,6 +593,10 @@ void KVCompressor::drop_before(CompressedKV& cache, int32_t position) const {
         nh.value_gains = drop_gains(hd.value_gains);
         nh.key_gain_codes = drop_gains(hd.key_gain_codes);
         nh.value_gain_codes = drop_gains(hd.value_gain_codes);
+        nh.tier_key_codes = without(hd.tier_key_codes, 0, drop_tier * tkcb);
+        nh.tier_value_codes = without(hd.tier_value_codes, 0, drop_tier * tvcb);
+        nh.tier_key_gains = without(hd.tier_key_gains, 0, drop_tier);
+        nh.tier_value_gains = without(hd.tier_value_gains, 0, drop_tier);
         for (auto [src, dst] : {std::pair{&hd.window_keys, &nh.window_keys}, std::pair{&hd.window_values, &nh.window_values}})
           *dst = without(without(*src, np * d, (np + drop_window) * d), 0, drop_pinned * d);
       }

@@ -153,6 +153,14 @@ void Config::validate(const ModelShape& shape) const {
   if (rate_budget != 0.0 && !layer_rates.empty())
     throw Error("Config.rate_budget (spec key 'budget') and Config.layer_rates both set; accepted: one of them (the "
                 "budget chooses the per-layer codes itself)");
+  if (fp16_tier + code_tier >= 1.0)
+    throw Error(fmt::format("Config.fp16_tier + Config.code_tier (spec keys 'fp16_tier', 'code_tier') is {}; accepted: "
+                            "below 1",
+                            fp16_tier + code_tier));
+  if (code_tier > 0.0 && (tier_key_codec == quant::Codec::kFp16 || tier_value_codec == quant::Codec::kFp16))
+    throw Error(fmt::format("Config.tier_key_codec / tier_value_codec (spec keys 'tier_key', 'tier_value') are {} / {}; "
+                            "accepted: block codes ({}, not fp16: the fp16 tier is fp16_tier)",
+                            quant::to_string(tier_key_codec), quant::to_string(tier_value_codec), quant::codec_names()));
   if (shared_selection && per_head_selection)
     throw Error(
         "Config.shared_selection (spec key 'shared') and Config.per_head_selection (spec key 'per_head') "
@@ -186,6 +194,7 @@ CacheLayout make_layout(const Config& config, const ModelShape& shape) {
 #undef E8KV_COPY_SHAPE
   // RoPE runs at the model's head_dim, whatever the config's default (128) says.
   L.rope.head_dim = shape.head_dim;
+  if (config.code_tier == 0.0) L.tier_key_codec = L.tier_value_codec = quant::Codec::kFp16;  // no tier
   for (int l = 0; l < shape.n_layers; ++l) {
     const LayerRate r = config.layer_rate(l, shape.n_layers);
     L.key_codec.push_back(r.key);

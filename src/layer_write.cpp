@@ -144,6 +144,7 @@ LayerWrite::LayerWrite(const CompressedKV& cache, int layer, LayerInput input) :
   const std::vector<std::vector<float>>& energy = ld.query_energy.empty() ? input_.query_energy : ld.query_energy;
   sets_.resize(n_sets);
   heads_.resize(static_cast<size_t>(L.n_kv_heads));
+  plan_code_tier(cache);
   size_t staged_total = 0;
   for (const auto& s : input_.positions) staged_total += s.size();
 
@@ -320,11 +321,49 @@ LayerWrite::LayerWrite(const CompressedKV& cache, int layer, LayerInput input) :
   }
 }
 
+// The code tier's new tokens: coded once, as they arrive (CacheCodecs::encode_tier), and appended
+// to the tier stream; nothing about them waits for a flush.
+void LayerWrite::plan_code_tier(const CompressedKV& cache) {
+  const auto& tp = input_.tier_positions;
+  if (tp.empty()) return;
+  const CacheCodecs& codecs = cache.codecs();
+  const CacheLayout& L = codecs.layout();
+  const auto& ld = cache.layer(layer_);
+  const size_t n_sets = ld.positions.size();
+  require(L.layer_has_code_tier(layer_), "LayerWrite: tier tokens given to a layer without a code tier");
+  require(tp.size() == n_sets && ld.tier_positions.size() == n_sets && input_.tier_keys.size() == static_cast<size_t>(L.n_kv_heads) &&
+              input_.tier_values.size() == input_.tier_keys.size(),
+          "LayerWrite: tier input does not match the cache's position sets and heads");
+  const size_t n = tp[0].size();
+  for (size_t s = 0; s < n_sets; ++s) {
+    require(tp[s].size() == n, "LayerWrite: every position set must promote as many tier tokens");
+    for (size_t i = 0; i < n; ++i)
+      require(tp[s][i] >= 0 && (i == 0 ? ld.tier_positions[s].empty() || tp[s][i] > ld.tier_positions[s].back()
+                                       : tp[s][i] > tp[s][i - 1]),
+              "LayerWrite: tier positions must be ascending and follow the set's tier tokens");
+  }
+  const size_t d = static_cast<size_t>(L.head_dim);
+  const size_t kcb = codecs.tier_code_bytes(KvKind::kKey), vcb = codecs.tier_code_bytes(KvKind::kValue);
+  for (int h = 0; h < L.n_kv_heads; ++h) {
+    const auto& k = input_.tier_keys[static_cast<size_t>(h)];
+    const auto& v = input_.tier_values[static_cast<size_t>(h)];
+    require(k.size() == n * d && v.size() == n * d, "LayerWrite: tier rows do not match the tier positions");
+    HeadPlan& hp = heads_[static_cast<size_t>(h)];
+    hp.tier_key_codes.resize(n * kcb);
+    hp.tier_value_codes.resize(n * vcb);
+    hp.tier_key_gains.resize(n);
+    hp.tier_value_gains.resize(n);
+    codecs.encode_tier(layer_, h, KvKind::kKey, n, k.data(), hp.tier_key_codes.data(), hp.tier_key_gains.data());
+    codecs.encode_tier(layer_, h, KvKind::kValue, n, v.data(), hp.tier_value_codes.data(), hp.tier_value_gains.data());
+  }
+}
+
 void LayerWrite::reserve(CompressedKV& cache, bool exact) {
   auto& ld = CacheStorage::layer(cache, layer_);
   const int d = cache.layout().head_dim;
   for (size_t s = 0; s < sets_.size(); ++s) {
     reserve_more(ld.positions[s], sets_[s].coded_positions.size(), exact);
+    if (!input_.tier_positions.empty()) reserve_more(ld.tier_positions[s], input_.tier_positions[s].size(), true);
     if (!rebuild_window_) reserve_more(ld.window_positions[s], input_.positions[s].size(), false);
   }
   for (size_t h = 0; h < heads_.size(); ++h) {
@@ -336,6 +375,10 @@ void LayerWrite::reserve(CompressedKV& cache, bool exact) {
     reserve_more(hd.value_gains, hp.value_gains.size(), exact);
     reserve_more(hd.key_gain_codes, hp.key_gain_codes.size(), exact);
     reserve_more(hd.value_gain_codes, hp.value_gain_codes.size(), exact);
+    reserve_more(hd.tier_key_codes, hp.tier_key_codes.size(), true);
+    reserve_more(hd.tier_value_codes, hp.tier_value_codes.size(), true);
+    reserve_more(hd.tier_key_gains, hp.tier_key_gains.size(), true);
+    reserve_more(hd.tier_value_gains, hp.tier_value_gains.size(), true);
     if (!rebuild_window_) {
       // Room for the window to fill up to its next flush without reallocating.
       const CacheLayout& L = cache.layout();
@@ -357,6 +400,7 @@ void LayerWrite::commit(CompressedKV& cache) noexcept {
   auto& ld = CacheStorage::layer(cache, layer_);
   for (size_t s = 0; s < sets_.size(); ++s) {
     append(ld.positions[s], sets_[s].coded_positions);
+    if (!input_.tier_positions.empty()) append(ld.tier_positions[s], input_.tier_positions[s]);
     if (rebuild_window_)
       ld.window_positions[s].swap(sets_[s].window_positions);
     else
@@ -371,6 +415,10 @@ void LayerWrite::commit(CompressedKV& cache) noexcept {
     append(hd.value_gains, hp.value_gains);
     append(hd.key_gain_codes, hp.key_gain_codes);
     append(hd.value_gain_codes, hp.value_gain_codes);
+    append(hd.tier_key_codes, hp.tier_key_codes);
+    append(hd.tier_value_codes, hp.tier_value_codes);
+    append(hd.tier_key_gains, hp.tier_key_gains);
+    append(hd.tier_value_gains, hp.tier_value_gains);
     if (!hp.key_mean.empty()) hd.key_mean.swap(hp.key_mean);
     if (!hp.value_mean.empty()) hd.value_mean.swap(hp.value_mean);
     if (!hp.key_channel_scale.empty()) hd.key_channel_scale.swap(hp.key_channel_scale);

@@ -22,6 +22,11 @@ struct LayerInput {
   /// good — the sequence's first `sinks` with fp16_sinks, and the fp16 tier. As many in every set
   /// (the layer has one pinned count).
   std::vector<std::vector<int64_t>> pinned;
+  /// The code tier (Config::code_tier), apart from the tokens above: per set the promoted tokens'
+  /// positions (ascending, after every tier token the set stores; as many in every set), per KV
+  /// head their rows (fp16 bits). Empty when none is promoted.
+  std::vector<std::vector<int32_t>> tier_positions;
+  std::vector<std::vector<uint16_t>> tier_keys, tier_values;
   int64_t given = 0;  ///< tokens given to the layer, before eviction
   std::vector<std::vector<float>> query_energy;  ///< per head (query-weighted keys), or empty
 };
@@ -46,11 +51,15 @@ class LayerWrite {
     std::vector<uint16_t> key_mean, value_mean, key_channel_scale;  // set by this write (first flush)
     uint16_t key_gain_ref = 0, value_gain_ref = 0;    // set by this write (first flush)
     std::vector<uint16_t> window_keys, window_values;  // the window after the write (rebuilt, exact)
+    std::vector<uint8_t> tier_key_codes, tier_value_codes;  // the code tier's new tokens
+    std::vector<uint16_t> tier_key_gains, tier_value_gains;
   };
   struct SetPlan {
     std::vector<int32_t> coded_positions;   // window tokens coded by this write, in order
     std::vector<int32_t> window_positions;  // the set's window after the write (when rebuilt)
   };
+
+  void plan_code_tier(const CompressedKV& cache);
 
   int layer_;
   LayerInput input_;

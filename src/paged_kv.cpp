@@ -61,6 +61,12 @@ PagedLayout paged_layout_for(const CacheCodecs& codecs, int layer, int page_toke
   const quant::Codec kc = L.key_codec[static_cast<size_t>(layer)], vc = L.value_codec[static_cast<size_t>(layer)];
   detail::require(L.gain_bits == 8 || L.gain_bits == 16, "paged_layout_for: gain_bits must be 8 or 16, got {}",
                   L.gain_bits);
+  // The pages hold one code stream per head; a code tier (second stream, own codec) has no place
+  // in them yet: refused for the whole cache rather than dropped or decoded silently.
+  detail::require(!L.has_code_tier(),
+                  "paged_layout_for: the cache has a code tier (tier_key {}, tier_value {}); the paged GPU layout does "
+                  "not carry one: compress for it without code_tier",
+                  quant::to_string(L.tier_key_codec), quant::to_string(L.tier_value_codec));
   const PagedLayout out = make_paged_layout(page_tokens, L.n_kv_heads, L.head_dim, quant::index_bits(kc),
                                             quant::index_bits(vc), L.per_head_positions, L.gain_bits);
   detail::require(out.page_bytes > 0, "paged_layout_for: unsupported shape (head_dim {}, kv_heads {})", L.head_dim,

@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include "e8kv/cache/cache_codecs.hpp"
 #include "e8kv/compressor.hpp"
 #include "e8kv/entropy/container.hpp"
 #include "e8kv/numeric/half.hpp"
@@ -1061,6 +1063,206 @@ TEST(Compressor, Fp16TierThenAppend) {
   for (size_t i = 0; i < ch.positions.size(); ++i) ASSERT_EQ(ch.positions[i], static_cast<int32_t>(i));
   const auto bytes = entropy::serialize(cache);
   EXPECT_EQ(entropy::serialize(entropy::deserialize(bytes.data(), bytes.size())), bytes);
+}
+
+// The code tier (code_tier): per layer and position set, round((f + c)·n) − round(f·n) tokens
+// beyond the sinks and the recent tokens, the next-scored after the fp16 tier's, leave the
+// layer's codes for a second code stream per head: together with the fp16 tier they are exactly
+// what an fp16 tier of f + c pins (same scores, same kept sets). Every stored position is in
+// exactly one of coded / tier / window; tier tokens decode through the tier codec (decode_tier),
+// and the bytes are the two streams' codes and gains. With eviction, per-head sets and one set
+// for the model; the result does not depend on the executor.
+TEST(Compressor, CodeTierCodesTheNextScoredTokensInTheirOwnStream) {
+  auto spec = default_spec(174);
+  spec.n_layers = 3;
+  Fixture f(spec);
+  const int64_t n = spec.tokens;
+  const int H = spec.n_kv_heads, d = spec.head_dim;
+  const std::vector<std::string> all = {"preset=quant-k3v2,code_tier=0.1", "preset=quant-k2v2,code_tier=0.1,fp16_tier=0.05",
+                                        "preset=high,code_tier=0.1,per_head=1,scorer=key-key,evict=0.3",
+                                        "preset=high,code_tier=0.1,shared=1,evict=0.2"};
+  const std::vector<std::string> some = {all[1], all[2]};
+  for (const std::string& spec_string : e8kv::test::kUnderSanitizer ? some : all) {
+    SCOPED_TRACE(spec_string);
+    const Config cfg = Config::parse(spec_string);
+    Config union_cfg = cfg;  // the reference: both tiers as one fp16 tier
+    union_cfg.fp16_tier = cfg.fp16_tier + cfg.code_tier;
+    union_cfg.code_tier = 0.0;
+    KVCompressor c(f.shape, cfg);
+    const CompressedKV cache = c.compress(f.seq, &f.queries);
+    const CompressedKV reference = KVCompressor(f.shape, union_cfg).compress(f.seq, &f.queries);
+    const int64_t fp16 = std::llround(cfg.fp16_tier * static_cast<double>(n));
+    const int64_t promoted = std::llround((cfg.fp16_tier + cfg.code_tier) * static_cast<double>(n)) - fp16;
+    ASSERT_EQ(promoted, 30);
+    const auto tk = cache.codecs().tier_code_bytes(KvKind::kKey), tv = cache.codecs().tier_code_bytes(KvKind::kValue);
+    size_t want_codes = 0, want_gains = 0;
+    for (int l = 0; l < spec.n_layers; ++l) {
+      ASSERT_TRUE(cache.layout().layer_has_code_tier(l));
+      EXPECT_EQ(cache.layer(l).pinned, cfg.sinks + fp16) << "layer " << l;
+      for (int h = 0; h < H; ++h) {
+        const auto& tier = cache.tier_positions(l, h);
+        ASSERT_EQ(static_cast<int64_t>(tier.size()), promoted) << "layer " << l << " head " << h;
+        EXPECT_TRUE(std::is_sorted(tier.begin(), tier.end()));
+        const auto& w = cache.window_positions(l, h);
+        std::vector<int32_t> both(w.begin() + cfg.sinks, w.begin() + cache.layer(l).pinned);
+        both.insert(both.end(), tier.begin(), tier.end());
+        std::sort(both.begin(), both.end());
+        const auto& rw = reference.window_positions(l, h);
+        const std::vector<int32_t> want(rw.begin() + cfg.sinks, rw.begin() + reference.layer(l).pinned);
+        EXPECT_EQ(both, want) << "layer " << l << " head " << h;
+        // Every stored position once; the same positions as the reference stores.
+        std::vector<int32_t> stored = cache.positions(l, h);
+        stored.insert(stored.end(), w.begin(), w.end());
+        stored.insert(stored.end(), tier.begin(), tier.end());
+        std::sort(stored.begin(), stored.end());
+        EXPECT_EQ(std::adjacent_find(stored.begin(), stored.end()), stored.end());
+        const CompactHead ch = cache.decompress_head(l, h), rh = reference.decompress_head(l, h);
+        EXPECT_EQ(ch.positions, stored);
+        EXPECT_EQ(ch.positions, rh.positions);
+        // Tier rows decode through the tier codec: decode_tier of the stored codes, bit for bit.
+        const auto& hd = cache.layer(l).heads[static_cast<size_t>(h)];
+        std::vector<float> k(tier.size() * d), v(tier.size() * d);
+        cache.codecs().decode_tier(l, h, KvKind::kKey, tier.size(), hd.tier_key_codes.data(), hd.tier_key_gains.data(), k.data());
+        cache.codecs().decode_tier(l, h, KvKind::kValue, tier.size(), hd.tier_value_codes.data(), hd.tier_value_gains.data(),
+                                   v.data());
+        for (size_t i = 0; i < tier.size(); ++i) {
+          const size_t row = static_cast<size_t>(std::lower_bound(ch.positions.begin(), ch.positions.end(), tier[i]) -
+                                                 ch.positions.begin());
+          for (int e = 0; e < d; ++e) {
+            ASSERT_EQ(ch.keys[row * d + e], k[i * d + e]);
+            ASSERT_EQ(ch.values[row * d + e], v[i * d + e]);
+          }
+        }
+        want_codes += cache.positions(l, h).size() * (cache.codecs().code_bytes(l, KvKind::kKey) +
+                                                      cache.codecs().code_bytes(l, KvKind::kValue)) +
+                      tier.size() * (tk + tv);
+        want_gains += cache.positions(l, h).size() * 2 + 4 /* 8-bit gain references */ + tier.size() * 4;
+      }
+    }
+    const auto b = cache.byte_breakdown();
+    EXPECT_EQ(b.codes, want_codes);
+    EXPECT_EQ(b.gains, want_gains);
+    EXPECT_LE(cache.resident_bytes(), cache.bytes() + cache.bytes() / 10);
+    ThreadPool pool(2);  // the tier does not depend on the executor
+    const CompressedKV again = c.compress(f.seq, &f.queries, &pool);
+    for (int l = 0; l < spec.n_layers; ++l) {
+      const DenseLayer a = cache.decompress_layer(l), z = again.decompress_layer(l);
+      EXPECT_EQ(a.positions, z.positions);
+      EXPECT_EQ(a.keys, z.keys);
+      EXPECT_EQ(a.values, z.values);
+    }
+  }
+}
+
+// The tier buys accuracy: its 4-bit rows decode closer to their input than K2V2's 2-bit codes to
+// theirs, and 7 % of the tokens in it bring attention through the codes closer to fp32 attention.
+// (Its bytes are CodeTierCodesTheNextScoredTokensInTheirOwnStream's; a change of the coded count
+// also moves the window's flush cycle, so the total is not a per-token figure at this size.)
+TEST(Compressor, CodeTierRowsAreCloserAndCutTheError) {
+  Fixture f(default_spec(175));
+  const Config base = Config::parse("preset=quant-k2v2");
+  const Config tiered = Config::parse("preset=quant-k2v2,code_tier=0.07");
+  const CompressedKV b = KVCompressor(f.shape, tiered).compress(f.seq, &f.queries);
+  const int H = f.shape.n_kv_heads, d = f.shape.head_dim, L = f.shape.n_layers;
+  ASSERT_EQ(b.tier_tokens(0), 21);
+  // Decoded rows of the tier against their fp16-rounded input, and the coded rows against theirs.
+  double tier_err = 0, tier_norm = 0, coded_err = 0, coded_norm = 0;
+  for (int l = 0; l < L; ++l)
+    for (int h = 0; h < H; ++h) {
+      const CompactHead ch = b.decompress_head(l, h);
+      const auto& tier = b.tier_positions(l, h);
+      const auto& coded = b.positions(l, h);
+      for (size_t i = 0; i < ch.positions.size(); ++i) {
+        const int32_t p = ch.positions[i];
+        const bool in_tier = std::binary_search(tier.begin(), tier.end(), p);
+        const bool in_codes = std::binary_search(coded.begin(), coded.end(), p);
+        if (!in_tier && !in_codes) continue;
+        for (int e = 0; e < d; ++e) {
+          const float x = fp16_bits_to_float(float_to_fp16_bits(f.data.values[l][(static_cast<size_t>(p) * H + h) * d + e]));
+          const double err = double(ch.values[i * d + e]) - x;
+          (in_tier ? tier_err : coded_err) += err * err;
+          (in_tier ? tier_norm : coded_norm) += double(x) * x;
+        }
+      }
+    }
+  std::printf("value rel err: tier %.4f, coded %.4f\n", std::sqrt(tier_err / tier_norm), std::sqrt(coded_err / coded_norm));
+  EXPECT_LT(std::sqrt(tier_err / tier_norm), 0.5 * std::sqrt(coded_err / coded_norm));
+  const Errors ea = measure(f, base), eb = measure(f, tiered);
+  std::printf("k2v2: out rel l2 %.4f kl %.5f; with a 7 %% code tier: %.4f %.5f\n", ea.out_rel_l2, ea.kl, eb.out_rel_l2, eb.kl);
+  EXPECT_LT(eb.out_rel_l2, ea.out_rel_l2);
+  EXPECT_LT(eb.kl, ea.kl);
+}
+
+// Only where it raises a rate: protected fp16 layers and layers already at the tier's rates keep
+// every token in their own codes (no tier stream), the others promote; a rate budget's per-layer
+// codes follow the same rule.
+TEST(Compressor, CodeTierOnlyInLayersItRaises) {
+  auto spec = default_spec(176);
+  spec.n_layers = 4;
+  Fixture f(spec);
+  const Config protect = Config::parse("preset=quant-k3v2,code_tier=0.1,protect=1");
+  const CompressedKV p = KVCompressor(f.shape, protect).compress(f.seq, &f.queries);
+  EXPECT_EQ(p.tier_tokens(0), 0);
+  EXPECT_GT(p.tier_tokens(1), 0);
+  EXPECT_GT(p.tier_tokens(2), 0);
+  EXPECT_EQ(p.tier_tokens(3), 0);
+  EXPECT_EQ(p.stored_tokens(0), spec.tokens);
+  const Config rates = Config::parse("code_tier=0.1,layer_rates=rvq4/rvq4;rvq3/e8p2;rvq4/e8p2;e8p2/rvq4");
+  const CompressedKV r = KVCompressor(f.shape, rates).compress(f.seq, &f.queries);
+  const std::vector<bool> want = {false, true, true, true};
+  for (int l = 0; l < spec.n_layers; ++l) {
+    EXPECT_EQ(r.layout().layer_has_code_tier(l), want[static_cast<size_t>(l)]) << "layer " << l;
+    EXPECT_EQ(r.tier_tokens(l) > 0, want[static_cast<size_t>(l)]) << "layer " << l;
+    EXPECT_EQ(r.stored_tokens(l), spec.tokens);
+  }
+  const Config budget = Config::parse("preset=quant-k2v2,budget=2.5,code_tier=0.05");
+  const CompressedKV bc = KVCompressor(f.shape, budget).compress(f.seq, &f.queries);
+  for (int l = 0; l < spec.n_layers; ++l) {
+    EXPECT_EQ(bc.tier_tokens(l) > 0, bc.layout().layer_has_code_tier(l)) << "layer " << l;
+    EXPECT_EQ(bc.stored_tokens(l), spec.tokens);
+  }
+  // No tier: the layout says so, and the tier streams stay empty.
+  const CompressedKV none = KVCompressor(f.shape, Config::parse("preset=quant-k3v2")).compress(f.seq, &f.queries);
+  EXPECT_FALSE(none.layout().has_code_tier());
+  EXPECT_EQ(none.layout().tier_key_codec, quant::Codec::kFp16);
+  EXPECT_EQ(none.tier_tokens(0), 0);
+}
+
+// Appends after a tiered compress leave the tier as it is (appended tokens enter through the
+// window); drop_before removes the tier tokens below its position with the others, and what
+// remains decodes to the same floats.
+TEST(Compressor, CodeTierThenAppendAndDropBefore) {
+  auto spec = default_spec(177);
+  spec.n_layers = 1;
+  Fixture f(spec);
+  const int64_t n = spec.tokens;
+  const int H = spec.n_kv_heads, d = spec.head_dim;
+  KVCompressor c(f.shape, Config::parse("preset=quant-k3v2,code_tier=0.1"));
+  auto cache = c.compress(f.seq, &f.queries);
+  const std::vector<int32_t> tier = cache.tier_positions(0, 0);
+  ASSERT_EQ(tier.size(), 30u);
+  for (int64_t t = 0; t < 40; ++t)
+    c.append(cache, 0, &f.data.keys[0][static_cast<size_t>(t) * H * d], &f.data.values[0][static_cast<size_t>(t) * H * d],
+             static_cast<int32_t>(n + t));
+  EXPECT_EQ(cache.tier_positions(0, 0), tier);
+  EXPECT_EQ(cache.stored_tokens(0), n + 40);
+  EXPECT_EQ(cache.last_position(0), n + 39);
+  const CompactHead before = cache.decompress_head(0, 1);
+  for (size_t i = 0; i < before.positions.size(); ++i) ASSERT_EQ(before.positions[i], static_cast<int32_t>(i));
+  const int32_t cut = tier[tier.size() / 2];  // a tier token: it goes, the ones after it stay
+  c.drop_before(cache, cut);
+  const auto& left = cache.tier_positions(0, 1);
+  EXPECT_EQ(left, std::vector<int32_t>(tier.begin() + static_cast<std::ptrdiff_t>(tier.size() / 2), tier.end()));
+  const CompactHead after = cache.decompress_head(0, 1);
+  ASSERT_EQ(after.positions.size(), before.positions.size() - static_cast<size_t>(cut));
+  for (size_t i = 0; i < after.positions.size(); ++i) {
+    ASSERT_EQ(after.positions[i], cut + static_cast<int32_t>(i));
+    for (int e = 0; e < d; ++e) {
+      ASSERT_EQ(after.keys[i * d + e], before.keys[(static_cast<size_t>(cut) + i) * d + e]);
+      ASSERT_EQ(after.values[i * d + e], before.values[(static_cast<size_t>(cut) + i) * d + e]);
+    }
+  }
+  EXPECT_LE(cache.resident_bytes(), cache.bytes() + cache.bytes() / 10);
 }
 
 // Sliding window: drop_before removes exactly the stored tokens below a position (coded, window,

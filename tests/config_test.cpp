@@ -57,6 +57,9 @@ void expect_config_eq(const Config& a, const Config& b, const std::string& where
   EXPECT_TRUE(same_bits(a.rope.attention_factor, b.rope.attention_factor));
   EXPECT_TRUE(same_bits(a.eviction_rate, b.eviction_rate)) << a.eviction_rate << " vs " << b.eviction_rate;
   EXPECT_TRUE(same_bits(a.fp16_tier, b.fp16_tier)) << a.fp16_tier << " vs " << b.fp16_tier;
+  EXPECT_TRUE(same_bits(a.code_tier, b.code_tier)) << a.code_tier << " vs " << b.code_tier;
+  EXPECT_EQ(a.tier_key_codec, b.tier_key_codec);
+  EXPECT_EQ(a.tier_value_codec, b.tier_value_codec);
   EXPECT_EQ(a.sinks, b.sinks);
   EXPECT_EQ(a.recent_window, b.recent_window);
   EXPECT_EQ(a.scorer, b.scorer);
@@ -93,6 +96,8 @@ TEST(ConfigFields, ExpectConfigEqCoversEveryField) {
     transform::RopeParams rope;
     double eviction_rate;
     double fp16_tier;
+    double code_tier;
+    quant::Codec tier_key_codec, tier_value_codec;
     int sinks, recent_window;
     select::ScorerKind scorer;
     int obs_window, pool_kernel;
@@ -177,7 +182,10 @@ Config random_config(std::mt19937_64& rng, const ModelShape& shape) {
   c.rope.beta_slow = real(0.5, 2.0);
   c.rope.attention_factor = pick(2) == 0 ? 0.0 : real(0.5, 2.0);
   c.eviction_rate = pick(3) == 0 ? 0.0 : real(0.0, 0.99);
-  c.fp16_tier = pick(3) == 0 ? 0.0 : real(0.0, 0.99);
+  c.fp16_tier = pick(3) == 0 ? 0.0 : real(0.0, 0.49);
+  c.code_tier = pick(3) == 0 ? 0.0 : real(0.0, 0.49);
+  c.tier_key_codec = static_cast<quant::Codec>(1 + pick(quant::kCodecCount - 1));  // block codes
+  c.tier_value_codec = static_cast<quant::Codec>(1 + pick(quant::kCodecCount - 1));
   c.sinks = pick(64);
   c.recent_window = pick(512);
   c.scorer = static_cast<select::ScorerKind>(pick(6));
@@ -241,6 +249,10 @@ CacheLayout hand_copy(const Config& c, const ModelShape& shape) {
   L.query_weighted_keys = c.query_weighted_keys;
   L.gain_bits = c.gain_bits;
   L.softmax_scale = c.softmax_scale;
+  if (c.code_tier != 0.0) {  // tier codecs without a tier fraction make no tier
+    L.tier_key_codec = c.tier_key_codec;
+    L.tier_value_codec = c.tier_value_codec;
+  }
   return L;
 }
 
@@ -337,6 +349,37 @@ TEST(ConfigParse, EvictionSpreadOverLayers) {
   expect_error([&] { both.validate(shape); }, "'evict_layers'");
   expect_error([&] { KVCompressor(shape, both); }, "layer_adaptive_eviction");
   expect_error([] { Config::parse("evict_layers=2"); }, "evict_layers");
+}
+
+// The code tier: its three keys parse and describe back, it is off by default (and the layout
+// then has none), its codecs must be block codes and both tiers together stay below 1; the
+// messages name the keys.
+TEST(ConfigParse, CodeTier) {
+  EXPECT_EQ(Config().code_tier, 0.0);
+  const ModelShape shape{2, 2, 4, 64};
+  EXPECT_FALSE(make_layout(Config(), shape).has_code_tier());
+  const Config c = Config::parse("preset=quant-k2v2,code_tier=0.05,tier_key=rvq4,tier_value=rvq3");
+  EXPECT_EQ(c.code_tier, 0.05);
+  EXPECT_EQ(c.tier_key_codec, quant::Codec::kRvq4);
+  EXPECT_EQ(c.tier_value_codec, quant::Codec::kRvq3);
+  const std::string d = c.describe();
+  EXPECT_NE(d.find("code_tier=0.05"), std::string::npos) << d;
+  expect_config_eq(c, Config::parse(d), d);
+  const CacheLayout L = make_layout(c, shape);
+  EXPECT_TRUE(L.has_code_tier());
+  EXPECT_EQ(L.tier_key_codec, quant::Codec::kRvq4);
+  EXPECT_EQ(L.tier_value_codec, quant::Codec::kRvq3);
+  EXPECT_TRUE(L.layer_has_code_tier(0));
+  EXPECT_FALSE(L.layer_has_code_tier(2));  // out of range: none
+  EXPECT_EQ(L.descriptor_bytes(), make_layout(Config::parse("preset=quant-k2v2"), shape).descriptor_bytes() +
+                                      2 * CacheLayout::kSetTierCountBytes);
+  EXPECT_EQ(Config::parse("code_tier=0.1").tier_key_codec, quant::Codec::kRvq4);  // the default
+  expect_error([&] { Config::parse("code_tier=0.1,tier_key=fp16").validate(shape); }, "'tier_key'");
+  expect_error([&] { Config::parse("code_tier=0.6,fp16_tier=0.4").validate(shape); }, "'code_tier'");
+  expect_error([] { Config::parse("code_tier=1"); }, "code_tier");
+  expect_error([] { Config::parse("tier_value=rvq5"); }, "tier_value");
+  // Codecs without a tier fraction make no tier.
+  EXPECT_FALSE(make_layout(Config::parse("tier_key=ball4"), shape).has_code_tier());
 }
 
 // Decoding in memory keeps a 16-token fp16 window by default; a state compressed to be stored

@@ -117,7 +117,7 @@ CompressedKV compress(const Made& m, const Config& cfg, int appended = 0) {
                                   s.n_q_heads, s.head_dim),
                   m.kv.query_positions.data()});
   }
-  CompressedKV cache = c.compress(seq, cfg.eviction_rate > 0 || cfg.fp16_tier > 0 ? &qs : nullptr);
+  CompressedKV cache = c.compress(seq, cfg.eviction_rate > 0 || cfg.fp16_tier > 0 || cfg.code_tier > 0 ? &qs : nullptr);
   const size_t row = static_cast<size_t>(s.n_kv_heads) * static_cast<size_t>(s.head_dim);
   for (int t = prefill; t < s.tokens; ++t)
     for (int l = 0; l < s.n_layers; ++l)
@@ -257,6 +257,7 @@ std::vector<uint8_t> flat_bytes(const CompressedKV& cache) {
       add(ld.positions[s]);
       add(ld.window_positions[s]);
     }
+    for (const auto& t : ld.tier_positions) add(t);
     for (const auto& h : ld.heads) {
       add(h.key_codes);
       add(h.value_codes);
@@ -264,6 +265,10 @@ std::vector<uint8_t> flat_bytes(const CompressedKV& cache) {
       add(h.value_gains);
       add(h.window_keys);
       add(h.window_values);
+      add(h.tier_key_codes);
+      add(h.tier_value_codes);
+      add(h.tier_key_gains);
+      add(h.tier_value_gains);
     }
   }
   return out;
@@ -353,10 +358,12 @@ void run_bench(const Args& a) {
       {"lm3/lm2", "key=lm3,value=lm2"},
       {"high (evict .35)", "preset=high"},
       {"lossless (fp16)", "preset=lossless"},
+      {"k3v2 + code tier", "preset=quant-k3v2,code_tier=0.15"},
   };
-  const StreamKind kinds[] = {StreamKind::kPositions,  StreamKind::kKeyCodes,   StreamKind::kValueCodes,
-                              StreamKind::kKeyGains,   StreamKind::kValueGains, StreamKind::kWindowKeys,
-                              StreamKind::kWindowValues};
+  const StreamKind kinds[] = {StreamKind::kPositions,    StreamKind::kKeyCodes,       StreamKind::kValueCodes,
+                              StreamKind::kKeyGains,     StreamKind::kValueGains,     StreamKind::kWindowKeys,
+                              StreamKind::kWindowValues, StreamKind::kTierKeyCodes,   StreamKind::kTierValueCodes,
+                              StreamKind::kTierKeyGains, StreamKind::kTierValueGains};
   for (const auto& [name, spec_str] : configs) {
     const CompressedKV cache = compress(m, Config::parse(spec_str));
     entropy::ContainerOptions o;
@@ -404,13 +411,13 @@ void run_bench(const Args& a) {
         raw[static_cast<int>(k)] = s.raw.count(static_cast<int>(k)) ? s.raw.at(static_cast<int>(k)) : 0;
       }
     }
-    std::printf("  %-12s %10s", "stream", "raw");
+    std::printf("  %-16s %10s", "stream", "raw");
     for (int t = 0; t < entropy::kTransformCount; ++t) std::printf(" %18s", entropy::to_string(static_cast<Transform>(t)));
     std::printf(" %14s\n", "coords-delta");
     for (StreamKind k : kinds) {
       const int ki = static_cast<int>(k);
       if (raw[ki] == 0) continue;
-      std::printf("  %-12s %10llu", entropy::to_string(k), static_cast<unsigned long long>(raw[ki]));
+      std::printf("  %-16s %10llu", entropy::to_string(k), static_cast<unsigned long long>(raw[ki]));
       for (int t = 0; t < entropy::kTransformCount; ++t)
         std::printf(" %10llu (%5.3f)", static_cast<unsigned long long>(table[ki][t]),
                     static_cast<double>(table[ki][t]) / raw[ki]);
@@ -449,7 +456,7 @@ void write_golden(const std::string& dir) {
       "# Golden containers written by e8kv-container-bench --write-golden.\n"
       "# name kind digest n_layers n_kv_heads n_q_heads head_dim per_head key_frame codecs [format_version]\n"
       "# (key_frame: 0 post, 1 pre, 2 residual; format_version is omitted for version 1; digests of later\n"
-      "# versions also cover the version-2 fields)\n";
+      "# versions also cover the version-2 fields, of version 5 also the code tier)\n";
   auto cache_entry = [&](const std::string& name, const synth::SyntheticSpec& s, const Config& cfg, int appended,
                          const entropy::ContainerOptions& o) {
     const Made m = make_kv(s);
@@ -458,7 +465,7 @@ void write_golden(const std::string& dir) {
     write_bytes(dir + "/" + name, bytes);
     const CacheLayout& L = cache.layout();
     const int version = entropy::read_info(bytes.data(), bytes.size()).format_version;
-    manifest += name + " cache " + (version == 1 ? test::cache_digest(cache) : test::cache_digest_v2(cache)) + " " +
+    manifest += name + " cache " + test::cache_digest_for_version(cache, version) + " " +
                 std::to_string(L.n_layers) + " " + std::to_string(L.n_kv_heads) + " " + std::to_string(L.n_q_heads) +
                 " " + std::to_string(L.head_dim) + " " + (L.per_head_positions ? "1" : "0") + " " +
                 std::to_string(static_cast<int>(L.key_frame)) + " " + codecs_string(L) +
@@ -531,6 +538,14 @@ void write_golden(const std::string& dir) {
     cache_entry("k3v2_fp16_tier.e8kv", s8,
                 Config::parse("preset=quant-k3v2,fp16_tier=0.1,residual=8,flush=16,sinks=2,recent=8,mean_tokens=16"), 8,
                 o5);
+    // Format version 5: the code tier (rvq4 keys and values of promoted tokens in their own
+    // streams) beside an fp16 tier.
+    synth::SyntheticSpec s9 = s5;
+    s9.seed = 19;
+    cache_entry("k3v2_code_tier.e8kv", s9,
+                Config::parse("preset=quant-k3v2,code_tier=0.15,fp16_tier=0.05,residual=8,flush=16,sinks=2,recent=8,"
+                              "mean_tokens=16"),
+                8, o5);
   }
   // Plain bf16 tensors.
   {

@@ -345,19 +345,25 @@ void report_pinned_needle(const std::vector<ConfigSpec>& cfgs,
     if (e8 == nullptr || needle.empty()) continue;
     const CompressedKV& c = e8->cache();
     int layers_all = 0, layers_any = 0;
-    double held = 0;
+    double held = 0, in_tier = 0;
     for (int l = 0; l < c.n_layers(); ++l) {
       const auto& w = c.window_positions(l, 0);
+      const auto& tier = c.tier_positions(l, 0);
       const auto pinned = c.layer(l).pinned;
-      int n = 0;
-      for (int32_t p : needle) n += std::find(w.begin(), w.begin() + pinned, p) != w.begin() + pinned ? 1 : 0;
+      int n = 0, t = 0;
+      for (int32_t p : needle) {
+        n += std::find(w.begin(), w.begin() + pinned, p) != w.begin() + pinned ? 1 : 0;
+        t += std::binary_search(tier.begin(), tier.end(), p) ? 1 : 0;
+      }
       held += static_cast<double>(n) / needle.size();
+      in_tier += static_cast<double>(t) / needle.size();
       layers_all += n == static_cast<int>(needle.size());
       layers_any += n > 0;
     }
     std::fprintf(stderr, "\n[niah] %s: needle tokens %d-%d pinned in fp16 (head 0's set): %.0f %% on average over layers, "
-                 "all of them in %d of %d layers, some in %d\n", cfgs[i].name.c_str(), needle.front(), needle.back(),
-                 100.0 * held / c.n_layers(), layers_all, c.n_layers(), layers_any);
+                 "all of them in %d of %d layers, some in %d; in the code tier: %.0f %%\n", cfgs[i].name.c_str(),
+                 needle.front(), needle.back(), 100.0 * held / c.n_layers(), layers_all, c.n_layers(), layers_any,
+                 100.0 * in_tier / c.n_layers());
   }
 }
 

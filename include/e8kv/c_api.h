@@ -158,7 +158,7 @@ E8KV_C_EXPORT e8kv_status e8kv_compress(const e8kv_compressor* compressor, const
 E8KV_C_EXPORT e8kv_status e8kv_extend(const e8kv_compressor* compressor, e8kv_cache* cache, const e8kv_kv_input* kv,
                                       const e8kv_query_input* queries, e8kv_thread_pool* pool) E8KV_NOEXCEPT;
 /* Sliding window: removes every token the cache stores below `position`, from every layer (coded,
- * fp16 window, pinned sinks and fp16-tier tokens), as an engine with sliding-window attention
+ * fp16 window, pinned sinks, fp16-tier and code-tier tokens), as an engine with sliding-window attention
  * drops cells that left the window; the others keep their codes. E8KV_ERROR_INVALID_ARGUMENT
  * (the cache unchanged) when per-KV-head position sets would keep different numbers of pinned
  * tokens. */
@@ -256,7 +256,7 @@ E8KV_C_EXPORT e8kv_status e8kv_cache_bits_per_element(const e8kv_cache* cache, d
 E8KV_C_EXPORT e8kv_status e8kv_cache_compression_ratio(const e8kv_cache* cache, double* ratio) E8KV_NOEXCEPT;
 /* Tokens ever given (before eviction), the largest over layers. */
 E8KV_C_EXPORT e8kv_status e8kv_cache_original_tokens(const e8kv_cache* cache, int64_t* tokens) E8KV_NOEXCEPT;
-/* Tokens a (layer, kv_head) stores after eviction: coded and fp16 window. */
+/* Tokens a (layer, kv_head) stores after eviction: coded, code tier and fp16 window. */
 E8KV_C_EXPORT e8kv_status e8kv_cache_stored_tokens(const e8kv_cache* cache, int32_t layer, int32_t kv_head,
                                                    int64_t* tokens) E8KV_NOEXCEPT;
 

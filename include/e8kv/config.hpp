@@ -66,6 +66,17 @@ struct Config {
   /// Appended tokens are not promoted (they enter the codes through the window). Counted by
   /// bytes() as window rows and positions.
   double fp16_tier = 0.0;
+  /// The code tier (per-token rates): the next this fraction of each compress / extend chunk's
+  /// tokens by the same scores (after the fp16 tier's, the same candidates) is coded with
+  /// tier_key_codec / tier_value_codec (4 bits by default) in a second code stream per head,
+  /// while the other kept tokens get the layer's codes. Per token a 4-bit row costs about a
+  /// ninth of an fp16 row's extra bytes over K3V2's, so at equal bytes it reaches nine times the
+  /// tokens (docs/accuracy.md, "The code tier"). Only in layers where it raises a rate
+  /// (CacheLayout::layer_has_code_tier); appended tokens are not promoted. 0 (off) to below 1;
+  /// fp16_tier + code_tier below 1. The paged GPU layout refuses caches with a code tier.
+  double code_tier = 0.0;
+  quant::Codec tier_key_codec = quant::Codec::kRvq4;    ///< a block code (not fp16)
+  quant::Codec tier_value_codec = quant::Codec::kRvq4;  ///< a block code (not fp16)
   int sinks = 4;
   int recent_window = 32;
   select::ScorerKind scorer = select::ScorerKind::kObservationWindow;
@@ -123,7 +134,8 @@ struct Config {
   static const char* preset_names();
   /// Reads a spec string: comma-separated key=value items, "preset=NAME" first wherever it
   /// appears (an explicit field always wins over the preset). Keys (the field each one sets):
-  ///   key, value (codecs: fp16, e8p2, rvq3, rvq4, ball3, ball4, vor2..4, lm2..4), evict, fp16_tier, sinks,
+  ///   key, value (codecs: fp16, e8p2, rvq3, rvq4, ball3, ball4, vor2..4, lm2..4), evict, fp16_tier,
+  ///   code_tier, tier_key, tier_value (the code tier's codecs), sinks,
   ///   recent, scorer (obs-window, multi-window, key-key, streaming, random, key-norm), window,
   ///   pool, protect, rope (pre | post), key_gain, value_gain (ls, norm, unbiased), key_scale,
   ///   value_scale, residual, flush, per_head, shared (shared_selection), evict_layers

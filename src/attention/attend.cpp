@@ -1,7 +1,7 @@
 // CPU decode attention over a compressed cache (include/e8kv/attention/attend.hpp).
 //
 // Plan of one call: every request (sequence × layer × query tokens) is cut into work items of
-// kChunkTokens stored tokens (coded chunks first, then the fp16 window), each item covering all
+// kChunkTokens stored tokens (coded chunks first, then the code tier's, then the fp16 window), each item covering all
 // KV heads so the cos/sin rows of the RoPE-residual mean term are computed once per position.
 // An item scores its tokens for every query token and head, takes the chunk's softmax and sums
 // the values, leaving a partial state (max, Σp, Σp over coded tokens, weighted value sum) per
@@ -74,9 +74,31 @@ struct LayerPlan {
   float value_factor = 1.f;          // the value codebook's 1/input scale, folded into the weights
   size_t key_code_bytes = 0, value_code_bytes = 0;
   float scale = 1.f;
-  std::vector<int64_t> coded, window;  // per head
-  int64_t coded_chunks = 0, window_chunks = 0;
+  // The code tier (CacheLayout::tier_key_codec): keys post-RoPE, nothing centred or scaled, fp16
+  // gains; read in the same rotated bases as the layer's codes with the tier codec's factors.
+  Codec tier_key_codec = Codec::kFp16, tier_value_codec = Codec::kFp16;
+  Rows tier_key_rows = Rows::kFp32, tier_value_rows = Rows::kFp32;
+  float tier_query_factor = 1.f, tier_value_factor = 1.f;
+  size_t tier_key_code_bytes = 0, tier_value_code_bytes = 0;
+  std::vector<int64_t> coded, tier, window;  // per head
+  int64_t coded_chunks = 0, tier_chunks = 0, window_chunks = 0;
 };
+
+/// What a chunk of a layer reads: the layer's codes, the code tier or the fp16 window.
+enum class Segment : uint8_t { kCoded, kTier, kWindow };
+Segment segment_of(const LayerPlan& p, int64_t chunk) {
+  if (chunk < p.coded_chunks) return Segment::kCoded;
+  return chunk < p.coded_chunks + p.tier_chunks ? Segment::kTier : Segment::kWindow;
+}
+/// The chunk's first token within its segment.
+int64_t segment_begin(const LayerPlan& p, int64_t chunk) {
+  switch (segment_of(p, chunk)) {
+    case Segment::kCoded: return chunk * kChunkTokens;
+    case Segment::kTier: return (chunk - p.coded_chunks) * kChunkTokens;
+    case Segment::kWindow: break;
+  }
+  return (chunk - p.coded_chunks - p.tier_chunks) * kChunkTokens;
+}
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -119,14 +141,27 @@ LayerPlan plan_layer(const CompressedKV& cache, int layer) {
   };
   p.query_factor = input_factor(p.key_codec);
   p.value_factor = input_factor(p.value_codec);
-  int64_t max_coded = 0, max_window = 0;
+  p.tier_key_codec = L.tier_key_codec;
+  p.tier_value_codec = L.tier_value_codec;
+  p.tier_key_rows = table_rows(p.tier_key_codec);
+  p.tier_value_rows = table_rows(p.tier_value_codec);
+  p.tier_query_factor = input_factor(p.tier_key_codec);
+  p.tier_value_factor = input_factor(p.tier_value_codec);
+  p.tier_key_code_bytes = codecs.tier_code_bytes(KvKind::kKey);
+  p.tier_value_code_bytes = codecs.tier_code_bytes(KvKind::kValue);
+  int64_t max_coded = 0, max_tier = 0, max_window = 0;
   for (int h = 0; h < p.H; ++h) {
     p.coded.push_back(cache.coded_tokens(layer, h));
+    p.tier.push_back(cache.tier_tokens(layer, h));
     p.window.push_back(cache.window_tokens(layer, h));
     max_coded = std::max(max_coded, p.coded.back());
+    max_tier = std::max(max_tier, p.tier.back());
     max_window = std::max(max_window, p.window.back());
   }
+  detail::require(max_tier == 0 || L.layer_has_code_tier(layer), "attend: layer {} stores {} tier tokens without a code tier",
+                  layer, max_tier);
   p.coded_chunks = ceil_div(max_coded, kChunkTokens);
+  p.tier_chunks = ceil_div(max_tier, kChunkTokens);
   p.window_chunks = ceil_div(max_window, kChunkTokens);
   if (p.frame == KeyFrame::kPreRope && key_coded)
     for (int h = 0; h < p.H; ++h)
@@ -140,6 +175,7 @@ LayerPlan plan_layer(const CompressedKV& cache, int layer) {
 struct HeadQuery {
   const float* q = nullptr;  // G·d, engine basis
   std::vector<float> qt;     // G·d, rotated basis of the coded keys, times the input factor
+  std::vector<float> qt_tier;  // G·d, rotated basis of the tier keys (no S⁻¹), times the tier's factor
   std::vector<float> mean_coeffs;  // G·2P: per query head A (P floats) then B (P floats), RoPE residual
   std::vector<float> base;   // G, constant part of q·k̂ (post-RoPE mean, non-rotary channels)
 };
@@ -154,9 +190,17 @@ HeadQuery prepare_head_query(const LayerPlan& p, int h, const float* q_head) {
   HeadQuery hq;
   hq.q = q_head;
   hq.base.assign(static_cast<size_t>(p.G), 0.f);
-  if (p.key_in_engine_basis) return hq;
   const int d = p.d, G = p.G;
   const auto& codecs = p.cache->codecs();
+  if (p.tier_chunks > 0) {  // tier keys: k̂ = Rᵀ·(g·ĉ), post-RoPE, so q·k̂ = g·(R·q)·ĉ
+    hq.qt_tier.resize(static_cast<size_t>(G * d));
+    for (int g = 0; g < G; ++g) {
+      float* qt = hq.qt_tier.data() + static_cast<size_t>(g) * d;
+      codecs.rotation(p.layer, h, 0).forward(q_head + g * d, qt);
+      for (int i = 0; i < d; ++i) qt[i] *= p.tier_query_factor;
+    }
+  }
+  if (p.key_in_engine_basis) return hq;
   const auto& hd = p.cache->layer(p.layer).heads[static_cast<size_t>(h)];
   std::vector<float> mu(static_cast<size_t>(d), 0.f), inv_scale(static_cast<size_t>(d), 1.f), tmp(static_cast<size_t>(d));
   if (!hd.key_mean.empty()) fp16_bits_to_floats(hd.key_mean.data(), mu.data(), mu.size());
@@ -215,7 +259,7 @@ struct ResolvedRequest {
   float* lse = nullptr;
   std::vector<HeadQuery> heads;  // [token][head]
   std::vector<float> states;     // [chunk][token][head][g][state_floats]
-  int64_t chunks() const { return plan.coded_chunks + plan.window_chunks; }
+  int64_t chunks() const { return plan.coded_chunks + plan.tier_chunks + plan.window_chunks; }
   float* state(int64_t chunk, int token, int h, int g) {
     const auto& p = plan;
     const size_t idx = ((static_cast<size_t>(chunk) * n_tokens + token) * p.H + h) * p.G + g;
@@ -345,17 +389,16 @@ void decode_keys_ahead(const LayerPlan& p, int h, int64_t t0, int64_t m, const f
   });
 }
 
-/// Values of tokens [t0, t0 + m) of codes without a register decoder: rotated basis, unit scale.
-void decode_values_ahead(const LayerPlan& p, int h, int64_t t0, int64_t m, float* rows) {
-  const auto& hd = p.cache->layer(p.layer).heads[static_cast<size_t>(h)];
-  const size_t cb = p.value_code_bytes;
-  const int d = p.d;
-  quant::dispatch_block_code(p.value_codec, [&](auto code) {
+/// Vectors [t0, t0 + m) of `codes` (cb bytes each) of a code without a register decoder: rotated
+/// basis, unit scale, no gain (values; post-RoPE tier keys).
+void decode_codes_ahead(Codec codec, const std::vector<uint8_t>& codes, size_t cb, int d, int64_t t0, int64_t m,
+                        float* rows) {
+  quant::dispatch_block_code(codec, [&](auto code) {
     using Code = decltype(code);
     constexpr int kBytes = Code::kIndexBits / 8;
     for (int64_t t = 0; t < m; ++t)
       for (int j = 0; j < d / 8; ++j)
-        Code::decode(attention::kernels::load_index(&hd.value_codes[static_cast<size_t>(t0 + t) * cb + j * kBytes], kBytes),
+        Code::decode(attention::kernels::load_index(&codes[static_cast<size_t>(t0 + t) * cb + j * kBytes], kBytes),
                      rows + t * d + 8 * j);
     return 0;
   });
@@ -401,14 +444,14 @@ void run_chunk_body(ResolvedRequest& r, int64_t chunk, Scratch& s) {
   const auto& cache = *p.cache;
   const auto& ld = cache.layer(p.layer);
   const int H = p.H, G = p.G, d = p.d, blocks = p.blocks;
-  const bool window = chunk >= p.coded_chunks;
+  const Segment segment = segment_of(p, chunk);
+  const bool window = segment == Segment::kWindow, tier = segment == Segment::kTier;
   s.upper = 0xFFFFFFFFu;  // the cached upper RoPE level belongs to the previous item's table
-  const int64_t t_begin = (window ? chunk - p.coded_chunks : chunk) * kChunkTokens;
+  const int64_t t_begin = segment_begin(p, chunk);
+  const std::vector<int64_t>& stored = window ? p.window : tier ? p.tier : p.coded;
   std::vector<int64_t> count(static_cast<size_t>(H));
-  for (int h = 0; h < H; ++h) {
-    const int64_t n = window ? p.window[static_cast<size_t>(h)] : p.coded[static_cast<size_t>(h)];
-    count[static_cast<size_t>(h)] = std::clamp<int64_t>(n - t_begin, 0, kChunkTokens);
-  }
+  for (int h = 0; h < H; ++h)
+    count[static_cast<size_t>(h)] = std::clamp<int64_t>(stored[static_cast<size_t>(h)] - t_begin, 0, kChunkTokens);
   s.logits.assign(static_cast<size_t>(r.n_tokens) * H * G * kChunkTokens, kNegInf);
   s.dots.resize(static_cast<size_t>(kMaxGroup) * kSubTile);
   s.mean.resize(static_cast<size_t>(kMaxGroup) * kSubTile);
@@ -418,8 +461,8 @@ void run_chunk_body(ResolvedRequest& r, int64_t chunk, Scratch& s) {
   auto logits_row = [&](int token, int h, int g) {
     return s.logits.data() + ((static_cast<size_t>(token) * H + h) * G + g) * kChunkTokens;
   };
-  const bool key_engine = window || p.key_in_engine_basis;
-  const Rows key_rows = window ? Rows::kFp16 : p.key_rows;
+  const bool key_engine = window || (!tier && p.key_in_engine_basis);
+  const Rows key_rows = window ? Rows::kFp16 : tier ? p.tier_key_rows : p.key_rows;
   const bool key_ahead = !window && key_rows == Rows::kFp32;
   // Several query tokens: each sub-tile of codes is decoded once into float rows, then every
   // token reads those (a decode costs more than the multiply-adds one token spends on a row).
@@ -433,7 +476,7 @@ void run_chunk_body(ResolvedRequest& r, int64_t chunk, Scratch& s) {
       const int h_end = sets == 1 ? H : static_cast<int>(set) + 1;
       const int64_t set_count = std::min<int64_t>(count[static_cast<size_t>(h_begin)] - s0, kSubTile);
       if (set_count <= 0) continue;
-      if (!window && (p.residual_mean || p.frame == KeyFrame::kPreRope))
+      if (segment == Segment::kCoded && (p.residual_mean || p.frame == KeyFrame::kPreRope))
         fill_cos_sin(p, ld.positions[set].data() + t_begin + s0, set_count, s);
       for (int h = h_begin; h < h_end; ++h) {
         const int64_t m = std::min<int64_t>(count[static_cast<size_t>(h)] - s0, kSubTile);
@@ -444,6 +487,13 @@ void run_chunk_body(ResolvedRequest& r, int64_t chunk, Scratch& s) {
         if (window) {
           rows = reinterpret_cast<const uint8_t*>(hd.window_keys.data() + static_cast<size_t>(t_begin + s0) * d);
           stride = static_cast<size_t>(d) * 2;
+        } else if (tier && key_ahead) {
+          decode_codes_ahead(p.tier_key_codec, hd.tier_key_codes, p.tier_key_code_bytes, d, t_begin + s0, m, s.rows.data());
+          rows = reinterpret_cast<const uint8_t*>(s.rows.data());
+          stride = static_cast<size_t>(d) * 4;
+        } else if (tier) {
+          rows = hd.tier_key_codes.data() + static_cast<size_t>(t_begin + s0) * p.tier_key_code_bytes;
+          stride = p.tier_key_code_bytes;
         } else if (key_ahead) {
           decode_keys_ahead(p, h, t_begin + s0, m, s.cs.data(), s.rows.data());
           rows = reinterpret_cast<const uint8_t*>(s.rows.data());
@@ -460,20 +510,23 @@ void run_chunk_body(ResolvedRequest& r, int64_t chunk, Scratch& s) {
           tile_rows = Rows::kFp32;
         }
         const bool scaled_codes = !key_engine;
-        if (scaled_codes) {
+        if (tier) {
+          fp16_bits_to_floats(hd.tier_key_gains.data() + t_begin + s0, s.key_gains.data() + s0, static_cast<size_t>(m));
+        } else if (scaled_codes) {
           const auto gain = hd.key_gains_reader();
           for (int64_t t = 0; t < m; ++t) s.key_gains[static_cast<size_t>(s0 + t)] = gain(static_cast<size_t>(t_begin + s0 + t));
         }
         for (int token = 0; token < r.n_tokens; ++token) {
           const HeadQuery& hq = r.heads[static_cast<size_t>(token) * H + h];
-          const float* q = scaled_codes ? hq.qt.data() : hq.q;
+          const float* q = tier ? hq.qt_tier.data() : scaled_codes ? hq.qt.data() : hq.q;
           for (int g0 = 0; g0 < G;) {
             g0 += with_group(G - g0, [&](auto ng) {
               constexpr int NG = decltype(ng)::value;
               with_rows<K>(tile_rows, [&](const auto& dec) {
                 K::template dot_rows<NG>(dec, rows, stride, blocks, q + static_cast<size_t>(g0) * d, m, s.dots.data(), kSubTile);
               });
-              const bool mean_rows = scaled_codes && p.residual_mean && !hq.mean_coeffs.empty();  // heads without means skip it
+              // Heads without means and the tier (uncentred) skip the mean term.
+              const bool mean_rows = !tier && scaled_codes && p.residual_mean && !hq.mean_coeffs.empty();
               if (mean_rows)
                 K::template dot_rows<NG>(typename K::Fp32RowDecoder{}, reinterpret_cast<const uint8_t*>(s.cs.data()),
                                          static_cast<size_t>(2 * p.P) * sizeof(float), 2 * p.P / 8,
@@ -487,7 +540,7 @@ void run_chunk_body(ResolvedRequest& r, int64_t chunk, Scratch& s) {
                 }
                 K::code_logits(dot, s.key_gains.data() + s0,
                                mean_rows ? s.mean.data() + static_cast<size_t>(g) * kSubTile : nullptr,
-                               hq.base[static_cast<size_t>(g0 + g)], p.scale, m, out);
+                               tier ? 0.f : hq.base[static_cast<size_t>(g0 + g)], p.scale, m, out);
               }
             });
           }
@@ -497,14 +550,18 @@ void run_chunk_body(ResolvedRequest& r, int64_t chunk, Scratch& s) {
   }
 
   // Softmax of the chunk and the value sums, per head.
-  const bool value_engine = window || p.value_in_engine_basis;
-  const Rows value_rows = window ? Rows::kFp16 : p.value_rows;
+  const bool value_engine = window || (!tier && p.value_in_engine_basis);
+  const Rows value_rows = window ? Rows::kFp16 : tier ? p.tier_value_rows : p.value_rows;
   const bool value_ahead = !window && value_rows == Rows::kFp32;
   for (int h = 0; h < H; ++h) {
     const int64_t m = count[static_cast<size_t>(h)];
     const int64_t padded = (m + 7) / 8 * 8;
     const auto& hd = ld.heads[static_cast<size_t>(h)];
-    if (!value_engine) {
+    if (tier) {
+      for (int64_t t = 0; t < m; ++t)
+        s.value_gains[static_cast<size_t>(t)] =
+            fp16_bits_to_float(hd.tier_value_gains[static_cast<size_t>(t_begin + t)]) * p.tier_value_factor;
+    } else if (!value_engine) {
       const auto gain = hd.value_gains_reader();
       for (int64_t t = 0; t < m; ++t)
         s.value_gains[static_cast<size_t>(t)] = gain(static_cast<size_t>(t_begin + t)) * p.value_factor;
@@ -516,7 +573,7 @@ void run_chunk_body(ResolvedRequest& r, int64_t chunk, Scratch& s) {
         st[0] = kNegInf;
         if (m == 0) continue;
         K::softmax_row(logits_row(token, h, g), padded, &st[0], &st[1]);
-        st[2] = window ? 0.f : st[1];
+        st[2] = segment == Segment::kCoded ? st[1] : 0.f;  // the mass the value mean applies to
       }
     }
     if (m == 0) continue;
@@ -547,12 +604,16 @@ void run_chunk_body(ResolvedRequest& r, int64_t chunk, Scratch& s) {
         rows = reinterpret_cast<const uint8_t*>(hd.window_values.data() + static_cast<size_t>(t_begin + t0) * d);
         stride = static_cast<size_t>(d) * 2;
       } else if (value_ahead) {
-        decode_values_ahead(p, h, t_begin + t0, mm, s.rows.data());
+        if (tier)
+          decode_codes_ahead(p.tier_value_codec, hd.tier_value_codes, p.tier_value_code_bytes, d, t_begin + t0, mm, s.rows.data());
+        else
+          decode_codes_ahead(p.value_codec, hd.value_codes, p.value_code_bytes, d, t_begin + t0, mm, s.rows.data());
         rows = reinterpret_cast<const uint8_t*>(s.rows.data());
         stride = static_cast<size_t>(d) * 4;
       } else {
-        rows = hd.value_codes.data() + static_cast<size_t>(t_begin + t0) * p.value_code_bytes;
-        stride = p.value_code_bytes;
+        const size_t cb = tier ? p.tier_value_code_bytes : p.value_code_bytes;
+        rows = (tier ? hd.tier_value_codes : hd.value_codes).data() + static_cast<size_t>(t_begin + t0) * cb;
+        stride = cb;
         if (share_decode) {
           decode_tile<K>(value_rows, rows, stride, blocks, mm, s.rows.data());
           rows = reinterpret_cast<const uint8_t*>(s.rows.data());
@@ -610,7 +671,8 @@ void finish_request(ResolvedRequest& r) {
         for (int64_t c = 0; c < r.chunks(); ++c) {
           const float* st = r.state(c, token, h, g);
           if (!(st[1] > 0.f)) continue;
-          const bool rotated = c < p.coded_chunks && !p.value_in_engine_basis;
+          const Segment seg = segment_of(p, c);
+          const bool rotated = seg == Segment::kTier || (seg == Segment::kCoded && !p.value_in_engine_basis);
           const float M2 = std::max(M, st[0]);
           const float a = M == kNegInf ? 0.f : std::exp(M - M2), b = std::exp(st[0] - M2);
           L = L * a + static_cast<double>(st[1]) * b;

@@ -23,8 +23,9 @@ using HeadData = CompressedKV::HeadData;
 ChunkExpectation cache_chunk(const Header& h, int l, int64_t ci) {
   const LayerCounts& c = h.layers[static_cast<size_t>(l)];
   const int64_t T = h.info.chunk_tokens;
-  return ChunkExpectation{static_cast<uint64_t>(c.first_chunk + ci), static_cast<uint32_t>(l),
-                          static_cast<uint64_t>(ci * T), cache_chunk_plans(h.info.layout, l, chunk_rows_of(c, ci, T))};
+  return ChunkExpectation{
+      static_cast<uint64_t>(c.first_chunk + ci), static_cast<uint32_t>(l), static_cast<uint64_t>(ci * T),
+      cache_chunk_plans(h.info.layout, l, chunk_rows_of(c, ci, T), static_cast<uint16_t>(h.info.format_version))};
 }
 
 // Chunks of layer l that hold stored tokens [begin, end).
@@ -41,18 +42,22 @@ void check_chunk_heads(ChunkDecoder& dec, const Header& h, int l, int64_t begin,
 }
 
 // The part of one chunk's rows of a set that falls in [begin, end): coded rows from `coded_from`
-// (relative to the chunk's coded rows), window rows from `window_from`.
+// (relative to the chunk's coded rows), tier rows from `tier_from`, window rows from
+// `window_from`.
 struct Selection {
-  int64_t coded_from = 0, coded = 0, window_from = 0, window = 0;
+  int64_t coded_from = 0, coded = 0, tier_from = 0, tier = 0, window_from = 0, window = 0;
 };
-Selection select(const ChunkRows& r, int64_t set_coded, int64_t begin, int64_t end) {
+Selection select(const ChunkRows& r, int64_t set_coded, int64_t set_tier, int64_t begin, int64_t end) {
   Selection s;
-  const int64_t a = std::max(r.coded_lo, begin), b = std::min(r.coded_hi, end);
-  s.coded_from = a - r.coded_lo;
-  s.coded = std::max<int64_t>(0, b - a);
-  const int64_t wa = std::max(r.window_lo + set_coded, begin), wb = std::min(r.window_hi + set_coded, end);
-  s.window_from = wa - (r.window_lo + set_coded);
-  s.window = std::max<int64_t>(0, wb - wa);
+  // [from, from + count) of a part whose chunk rows are stored tokens [lo, hi).
+  auto part = [&](int64_t lo, int64_t hi, int64_t& from, int64_t& count) {
+    const int64_t a = std::max(lo, begin), b = std::min(hi, end);
+    from = std::max<int64_t>(0, a - lo);
+    count = std::max<int64_t>(0, b - a);
+  };
+  part(r.coded_lo, r.coded_hi, s.coded_from, s.coded);
+  part(set_coded + r.tier_lo, set_coded + r.tier_hi, s.tier_from, s.tier);
+  part(set_coded + set_tier + r.window_lo, set_coded + set_tier + r.window_hi, s.window_from, s.window);
   return s;
 }
 
@@ -68,20 +73,25 @@ CompressedKV::LayerData empty_layer(const Header& h, int l, int64_t begin, int64
   out.pinned = c.pinned;  // the layer's count, as original_tokens (window index < pinned: a sink)
   out.positions.assign(sets, {});
   out.window_positions.assign(sets, {});
+  out.tier_positions.assign(sets, {});  // every version: one (possibly empty) set per position set
   out.heads.assign(H, {});
-  std::vector<size_t> sel_coded(sets), sel_window(sets);
+  std::vector<size_t> sel_coded(sets), sel_tier(sets), sel_window(sets);
   for (size_t s = 0; s < sets; ++s) {
-    const int64_t n = c.coded[s] + c.window[s];
+    const int64_t n = c.stored(s);
     const int64_t lo = std::min(begin, n), hi = std::min(end, n);
     const int64_t coded = std::max<int64_t>(0, std::min(hi, c.coded[s]) - lo);
+    const int64_t tier = std::max<int64_t>(0, std::min(hi, c.coded[s] + c.tier[s]) - std::max(lo, c.coded[s]));
     sel_coded[s] = static_cast<size_t>(coded);
-    sel_window[s] = static_cast<size_t>(hi - lo - coded);
+    sel_tier[s] = static_cast<size_t>(tier);
+    sel_window[s] = static_cast<size_t>(hi - lo - coded - tier);
     out.positions[s].reserve(sel_coded[s]);
+    out.tier_positions[s].reserve(sel_tier[s]);
     out.window_positions[s].reserve(sel_window[s]);
   }
+  const CodecGeometry tk = tier_geometry(L, true), tv = tier_geometry(L, false);
   for (size_t hh = 0; hh < H; ++hh) {
     const size_t s = sets == 1 ? 0 : hh;
-    const size_t nc = sel_coded[s], nw = sel_window[s];
+    const size_t nc = sel_coded[s], nt = sel_tier[s], nw = sel_window[s];
     HeadData& hd = out.heads[hh];
     hd.key_codes.reserve(nc * kg.code_bytes);
     hd.value_codes.reserve(nc * vg.code_bytes);
@@ -89,6 +99,10 @@ CompressedKV::LayerData empty_layer(const Header& h, int l, int64_t begin, int64
     if (vg.gain_width == 2) hd.value_gains.reserve(nc);
     if (kg.gain_width == 1) hd.key_gain_codes.reserve(nc);
     if (vg.gain_width == 1) hd.value_gain_codes.reserve(nc);
+    hd.tier_key_codes.reserve(nt * tk.code_bytes);
+    hd.tier_value_codes.reserve(nt * tv.code_bytes);
+    hd.tier_key_gains.reserve(nt);
+    hd.tier_value_gains.reserve(nt);
     hd.window_keys.reserve(nw * d);
     hd.window_values.reserve(nw * d);
     const size_t li = static_cast<size_t>(l);
@@ -120,52 +134,73 @@ CompressedKV::LayerData read_layer_range(ChunkDecoder& dec, const Header& h, int
   const int H = L.n_kv_heads;
   const size_t d = static_cast<size_t>(L.head_dim);
   const CodecGeometry kg = key_geometry(L, l), vg = value_geometry(L, l);
+  const CodecGeometry tk = tier_geometry(L, true), tv = tier_geometry(L, false);
+  const uint16_t version = static_cast<uint16_t>(h.info.format_version);
   CompressedKV::LayerData out = empty_layer(h, l, begin, end);
   const auto [c0, c1] = chunk_span(h, l, begin, end);
   for (int64_t ci = c0; ci < c1; ++ci) {
     const std::vector<ChunkRows> rows = chunk_rows_of(c, ci, T);
     dec.decode(cache_chunk(h, l, ci));
     std::vector<Selection> sel(sets);
-    for (size_t s = 0; s < sets; ++s) sel[s] = select(rows[s], c.coded[s], begin, end);
-    // Positions: segment s holds the chunk's coded rows then window rows of set s.
+    for (size_t s = 0; s < sets; ++s) sel[s] = select(rows[s], c.coded[s], c.tier[s], begin, end);
+    // Positions: segment s holds the chunk's coded rows, tier rows, then window rows of set s.
     const uint8_t* p = dec.view(0);
     for (size_t s = 0; s < sets; ++s) {
       append_bytes(out.positions[s], p + 4 * static_cast<size_t>(sel[s].coded_from), 4 * static_cast<size_t>(sel[s].coded));
-      append_bytes(out.window_positions[s], p + 4 * static_cast<size_t>(rows[s].coded() + sel[s].window_from),
+      append_bytes(out.tier_positions[s], p + 4 * static_cast<size_t>(rows[s].coded() + sel[s].tier_from),
+                   4 * static_cast<size_t>(sel[s].tier));
+      append_bytes(out.window_positions[s],
+                   p + 4 * static_cast<size_t>(rows[s].coded() + rows[s].tier() + sel[s].window_from),
                    4 * static_cast<size_t>(sel[s].window));
       p += 4 * static_cast<size_t>(rows[s].hi - rows[s].lo);
     }
-    // Per-head streams: segment h holds the chunk's rows of head h.
-    auto scatter = [&](size_t stream, size_t row_bytes, bool coded, auto&& append) {
+    // Per-head streams: segment h holds the chunk's rows of one part of head h's set.
+    auto scatter = [&](size_t stream, size_t row_bytes, Part part, auto&& append) {
       const uint8_t* q = dec.view(stream);
       for (int hh = 0; hh < H; ++hh) {
         const size_t s = sets == 1 ? 0 : static_cast<size_t>(hh);
-        const int64_t from = coded ? sel[s].coded_from : sel[s].window_from;
-        const int64_t count = coded ? sel[s].coded : sel[s].window;
+        const Selection& e = sel[s];
+        const int64_t from = part == Part::kCoded ? e.coded_from : part == Part::kTier ? e.tier_from : e.window_from;
+        const int64_t count = part == Part::kCoded ? e.coded : part == Part::kTier ? e.tier : e.window;
         if (row_bytes > 0 && count > 0)
           append(out.heads[static_cast<size_t>(hh)], q + static_cast<size_t>(from) * row_bytes,
                  static_cast<size_t>(count) * row_bytes);
-        q += static_cast<size_t>(coded ? rows[s].coded() : rows[s].window()) * row_bytes;
+        q += static_cast<size_t>(rows[s].count(part)) * row_bytes;
       }
     };
-    scatter(1, kg.code_bytes, true, [](HeadData& hd, const uint8_t* a, size_t n) { append_bytes(hd.key_codes, a, n); });
-    scatter(2, vg.code_bytes, true, [](HeadData& hd, const uint8_t* a, size_t n) { append_bytes(hd.value_codes, a, n); });
-    scatter(3, static_cast<size_t>(kg.gain_width), true, [&](HeadData& hd, const uint8_t* a, size_t n) {
+    scatter(1, kg.code_bytes, Part::kCoded,
+            [](HeadData& hd, const uint8_t* a, size_t n) { append_bytes(hd.key_codes, a, n); });
+    scatter(2, vg.code_bytes, Part::kCoded,
+            [](HeadData& hd, const uint8_t* a, size_t n) { append_bytes(hd.value_codes, a, n); });
+    scatter(3, static_cast<size_t>(kg.gain_width), Part::kCoded, [&](HeadData& hd, const uint8_t* a, size_t n) {
       if (kg.gain_width == 1) append_bytes(hd.key_gain_codes, a, n);
       else append_bytes(hd.key_gains, a, n);
     });
-    scatter(4, static_cast<size_t>(vg.gain_width), true, [&](HeadData& hd, const uint8_t* a, size_t n) {
+    scatter(4, static_cast<size_t>(vg.gain_width), Part::kCoded, [&](HeadData& hd, const uint8_t* a, size_t n) {
       if (vg.gain_width == 1) append_bytes(hd.value_gain_codes, a, n);
       else append_bytes(hd.value_gains, a, n);
     });
-    scatter(5, 2 * d, false, [](HeadData& hd, const uint8_t* a, size_t n) { append_bytes(hd.window_keys, a, n); });
-    scatter(6, 2 * d, false, [](HeadData& hd, const uint8_t* a, size_t n) { append_bytes(hd.window_values, a, n); });
+    scatter(5, 2 * d, Part::kWindow,
+            [](HeadData& hd, const uint8_t* a, size_t n) { append_bytes(hd.window_keys, a, n); });
+    scatter(6, 2 * d, Part::kWindow,
+            [](HeadData& hd, const uint8_t* a, size_t n) { append_bytes(hd.window_values, a, n); });
+    if (version >= kCodeTierSince) {
+      scatter(7, tk.code_bytes, Part::kTier,
+              [](HeadData& hd, const uint8_t* a, size_t n) { append_bytes(hd.tier_key_codes, a, n); });
+      scatter(8, tv.code_bytes, Part::kTier,
+              [](HeadData& hd, const uint8_t* a, size_t n) { append_bytes(hd.tier_value_codes, a, n); });
+      scatter(9, tk.has_gain ? 2 : 0, Part::kTier,
+              [](HeadData& hd, const uint8_t* a, size_t n) { append_bytes(hd.tier_key_gains, a, n); });
+      scatter(10, tv.has_gain ? 2 : 0, Part::kTier,
+              [](HeadData& hd, const uint8_t* a, size_t n) { append_bytes(hd.tier_value_gains, a, n); });
+    }
   }
   for (size_t s = 0; s < sets; ++s) {
-    const int64_t n = c.coded[s] + c.window[s];
-    const int64_t w0 = std::max(std::min(begin, n), c.coded[s]) - c.coded[s];  // first selected window token
-    check_positions(out.positions[s], out.window_positions[s], c.pinned - w0, l, s,
-                    static_cast<uint16_t>(h.info.format_version));
+    const int64_t before_window = c.coded[s] + c.tier[s];
+    // The first selected window token (pinned counts from the window's start).
+    const int64_t w0 = std::max(std::min(begin, c.stored(s)), before_window) - before_window;
+    check_positions(out.positions[s], out.window_positions[s], c.pinned - w0, l, s, version);
+    check_tier_positions(out.tier_positions[s], out.positions[s], out.window_positions[s], c.pinned - w0, l, s);
   }
   return out;
 }

@@ -189,6 +189,10 @@ const char* to_string(StreamKind s) {
     case StreamKind::kWindowKeys: return "window keys";
     case StreamKind::kWindowValues: return "window values";
     case StreamKind::kPlainValues: return "plain values";
+    case StreamKind::kTierKeyCodes: return "tier key codes";
+    case StreamKind::kTierValueCodes: return "tier value codes";
+    case StreamKind::kTierKeyGains: return "tier key gains";
+    case StreamKind::kTierValueGains: return "tier value gains";
   }
   return "?";
 }

@@ -64,7 +64,9 @@ Header parse_header(Source& src, const DeserializeOptions& o, ContainerKind expe
   io::check(r.remaining() == kDirectoryEntryBytes * n_chunks,
             "header_bytes {} does not match its contents ({} bytes where the chunk directory needs {})", hb,
             r.remaining(), kDirectoryEntryBytes * n_chunks);
-  const size_t streams = h.info.kind == ContainerKind::kCompressedCache ? kCacheStreams : 1;
+  const size_t streams = h.info.kind == ContainerKind::kCompressedCache
+                             ? static_cast<size_t>(cache_streams(static_cast<uint16_t>(h.info.format_version)))
+                             : 1;
   const uint64_t chunk_head = kChunkHeaderBytes + kStreamDescriptorBytes * streams;
   h.dir.resize(static_cast<size_t>(n_chunks));
   uint64_t expect_offset = h.header_bytes;

@@ -40,45 +40,55 @@ CodecGeometry geometry(quant::Codec c, int head_dim, int gain_bits) {
   return g;
 }
 
-ChunkRows chunk_rows(int64_t chunk, int64_t chunk_tokens, int64_t coded, int64_t window) {
-  const int64_t n = coded + window;
+ChunkRows chunk_rows(int64_t chunk, int64_t chunk_tokens, int64_t coded, int64_t tier, int64_t window) {
+  const int64_t n = coded + tier + window;
+  const int64_t before_window = coded + tier;
   ChunkRows r;
   r.lo = std::min(chunk * chunk_tokens, n);
   r.hi = std::min(r.lo + chunk_tokens, n);
   r.coded_lo = std::min(r.lo, coded);
   r.coded_hi = std::min(r.hi, coded);
-  r.window_lo = std::max(r.lo, coded) - coded;
-  r.window_hi = std::max(r.hi, coded) - coded;
+  r.tier_lo = std::min(std::max(r.lo, coded), before_window) - coded;
+  r.tier_hi = std::min(std::max(r.hi, coded), before_window) - coded;
+  r.window_lo = std::max(r.lo, before_window) - before_window;
+  r.window_hi = std::max(r.hi, before_window) - before_window;
   return r;
 }
 
 std::vector<ChunkRows> chunk_rows_of(const LayerCounts& c, int64_t chunk, int64_t chunk_tokens) {
   std::vector<ChunkRows> rows(c.coded.size());
-  for (size_t s = 0; s < rows.size(); ++s) rows[s] = chunk_rows(chunk, chunk_tokens, c.coded[s], c.window[s]);
+  for (size_t s = 0; s < rows.size(); ++s)
+    rows[s] = chunk_rows(chunk, chunk_tokens, c.coded[s], c.tier[s], c.window[s]);
   return rows;
 }
 
-std::vector<StreamPlan> cache_chunk_plans(const CacheLayout& L, int l, const std::vector<ChunkRows>& rows) {
+std::vector<StreamPlan> cache_chunk_plans(const CacheLayout& L, int l, const std::vector<ChunkRows>& rows,
+                                          uint16_t version) {
   const size_t sets = rows.size();
   const CodecGeometry kg = key_geometry(L, l), vg = value_geometry(L, l);
   std::vector<StreamPlan> plans;
   StreamShape pos{{}, 1, 4};
   for (const auto& r : rows) pos.segment_rows.push_back(r.hi - r.lo);
   plans.push_back({StreamKind::kPositions, pos});
-  auto per_head = [&](StreamKind k, int64_t cols, int width, bool coded) {
+  auto per_head = [&](StreamKind k, int64_t cols, int width, Part part) {
     StreamShape sh{{}, cols, width};
-    for (int h = 0; h < L.n_kv_heads; ++h) {
-      const auto& r = rows[sets == 1 ? 0 : static_cast<size_t>(h)];
-      sh.segment_rows.push_back(coded ? r.coded() : r.window());
-    }
+    for (int h = 0; h < L.n_kv_heads; ++h)
+      sh.segment_rows.push_back(rows[sets == 1 ? 0 : static_cast<size_t>(h)].count(part));
     plans.push_back({k, sh});
   };
-  per_head(StreamKind::kKeyCodes, kg.cols, kg.width, true);
-  per_head(StreamKind::kValueCodes, vg.cols, vg.width, true);
-  per_head(StreamKind::kKeyGains, kg.has_gain ? 1 : 0, kg.gain_width == 1 ? 1 : 2, true);
-  per_head(StreamKind::kValueGains, vg.has_gain ? 1 : 0, vg.gain_width == 1 ? 1 : 2, true);
-  per_head(StreamKind::kWindowKeys, L.head_dim, 2, false);
-  per_head(StreamKind::kWindowValues, L.head_dim, 2, false);
+  per_head(StreamKind::kKeyCodes, kg.cols, kg.width, Part::kCoded);
+  per_head(StreamKind::kValueCodes, vg.cols, vg.width, Part::kCoded);
+  per_head(StreamKind::kKeyGains, kg.has_gain ? 1 : 0, kg.gain_width == 1 ? 1 : 2, Part::kCoded);
+  per_head(StreamKind::kValueGains, vg.has_gain ? 1 : 0, vg.gain_width == 1 ? 1 : 2, Part::kCoded);
+  per_head(StreamKind::kWindowKeys, L.head_dim, 2, Part::kWindow);
+  per_head(StreamKind::kWindowValues, L.head_dim, 2, Part::kWindow);
+  if (version >= kCodeTierSince) {
+    const CodecGeometry tk = tier_geometry(L, true), tv = tier_geometry(L, false);
+    per_head(StreamKind::kTierKeyCodes, tk.cols, tk.width, Part::kTier);
+    per_head(StreamKind::kTierValueCodes, tv.cols, tv.width, Part::kTier);
+    per_head(StreamKind::kTierKeyGains, tk.has_gain ? 1 : 0, 2, Part::kTier);
+    per_head(StreamKind::kTierValueGains, tv.has_gain ? 1 : 0, 2, Part::kTier);
+  }
   return plans;
 }
 
@@ -86,10 +96,10 @@ uint64_t cache_chunk_raw_bytes(const CacheLayout& L, int l, const LayerCounts& c
   const size_t sets = c.coded.size();
   uint64_t b = 0;
   for (size_t s = 0; s < sets; ++s) {
-    const ChunkRows r = chunk_rows(chunk, chunk_tokens, c.coded[s], c.window[s]);
+    const ChunkRows r = chunk_rows(chunk, chunk_tokens, c.coded[s], c.tier[s], c.window[s]);
     b = sat_add(b, 4 * static_cast<uint64_t>(r.hi - r.lo));  // positions
     const uint64_t heads = sets == 1 ? static_cast<uint64_t>(L.n_kv_heads) : 1;
-    b = sat_add(b, sat_mul(heads, layer_head_bytes(L, l, r.coded(), r.window())));
+    b = sat_add(b, sat_mul(heads, layer_head_bytes(L, l, r.coded(), r.tier(), r.window())));
   }
   return b;
 }
@@ -131,6 +141,34 @@ void check_positions(const std::vector<int32_t>& coded, const std::vector<int32_
   }
 }
 
+void check_tier_positions(const std::vector<int32_t>& tier, const std::vector<int32_t>& coded,
+                          const std::vector<int32_t>& window, int64_t pinned, int layer, size_t set) {
+  int32_t prev = -1;
+  for (const int32_t p : tier) {
+    if (p <= prev)
+      fail(fmt::format("code-tier positions of layer {}, set {} are not >= 0 and strictly increasing: {} after {}",
+                       layer, set, p, prev));
+    prev = p;
+  }
+  // The coded tokens, the pinned window tokens and the other window tokens are each one
+  // increasing run (check_positions): a merge against each finds a shared position.
+  auto disjoint = [&](const int32_t* p, size_t n, const char* what) {
+    size_t i = 0, j = 0;
+    while (i < tier.size() && j < n) {
+      if (tier[i] < p[j]) ++i;
+      else if (p[j] < tier[i]) ++j;
+      else
+        fail(fmt::format("positions of layer {}, set {}: position {} is both a code-tier token and a {} token", layer,
+                         set, p[j], what));
+    }
+  };
+  const size_t np =
+      static_cast<size_t>(std::min<int64_t>(std::max<int64_t>(pinned, 0), static_cast<int64_t>(window.size())));
+  disjoint(coded.data(), coded.size(), "coded");
+  disjoint(window.data(), np, "pinned window");
+  disjoint(window.data() + np, window.size() - np, "window");
+}
+
 uint16_t positions_version(const CompressedKV& cache) {
   for (int l = 0; l < cache.n_layers(); ++l) {
     const auto& ld = cache.layer(l);
@@ -156,7 +194,8 @@ bool positive_fp16(uint16_t bits) {
 }
 
 // The vectors of head h of a layer agree with its set's counts and the codecs.
-void check_head(const CacheLayout& L, int l, int h, const CompressedKV::HeadData& hd, size_t coded, size_t window) {
+void check_head(const CacheLayout& L, int l, int h, const CompressedKV::HeadData& hd, size_t coded, size_t tier,
+                size_t window) {
   const CodecGeometry kg = key_geometry(L, l), vg = value_geometry(L, l);
   const size_t d = static_cast<size_t>(L.head_dim);
   const bool sizes_ok = hd.key_codes.size() == coded * kg.code_bytes && hd.value_codes.size() == coded * vg.code_bytes &&
@@ -166,6 +205,13 @@ void check_head(const CacheLayout& L, int l, int h, const CompressedKV::HeadData
                         hd.value_gain_codes.size() == (vg.gain_width == 1 ? coded : 0) &&
                         hd.window_keys.size() == window * d && hd.window_values.size() == window * d;
   check(sizes_ok, "layer {} head {}: code, gain or window sizes disagree with its position counts and codecs", l, h);
+  const CodecGeometry tk = tier_geometry(L, true), tv = tier_geometry(L, false);
+  const bool tier_ok = hd.tier_key_codes.size() == tier * tk.code_bytes &&
+                       hd.tier_value_codes.size() == tier * tv.code_bytes && hd.tier_key_gains.size() == tier &&
+                       hd.tier_value_gains.size() == tier;
+  check(tier_ok,
+        "layer {} head {}: code-tier code or gain sizes disagree with its {} tier positions and the tier codecs", l,
+        h, tier);
   check((hd.key_mean.empty() || hd.key_mean.size() == d) && (hd.value_mean.empty() || hd.value_mean.size() == d),
         "layer {} head {}: key_mean and value_mean must be empty or hold head_dim values", l, h);
   for (uint16_t ref : {hd.key_gain_ref, hd.value_gain_ref})
@@ -186,27 +232,40 @@ LayerCounts checked_counts(const CompressedKV& cache, int l, int64_t chunk_token
   const CacheLayout& L = cache.layout();
   const auto& ld = cache.layer(l);
   const size_t sets = position_sets(L);
+  // No tier sets at all stands for empty ones (CompressedKV::tier_positions reads it so).
+  const bool tier_sets = !ld.tier_positions.empty();
   check(ld.positions.size() == sets && ld.window_positions.size() == sets &&
-            ld.heads.size() == static_cast<size_t>(L.n_kv_heads),
-        "layer {} has {} position sets and {} heads; the layout needs {} and {}", l, ld.positions.size(),
-        ld.heads.size(), sets, L.n_kv_heads);
+            (!tier_sets || ld.tier_positions.size() == sets) && ld.heads.size() == static_cast<size_t>(L.n_kv_heads),
+        "layer {} has {} position sets ({} code-tier sets) and {} heads; the layout needs {} and {}", l,
+        ld.positions.size(), ld.tier_positions.size(), ld.heads.size(), sets, L.n_kv_heads);
+  static const std::vector<int32_t> kNoTier;
   LayerCounts c;
   c.original_tokens = ld.original_tokens;
   c.pinned = ld.pinned;
   for (size_t s = 0; s < sets; ++s) {
+    const std::vector<int32_t>& tier = tier_sets ? ld.tier_positions[s] : kNoTier;
     c.coded.push_back(static_cast<int64_t>(ld.positions[s].size()));
+    c.tier.push_back(static_cast<int64_t>(tier.size()));
     c.window.push_back(static_cast<int64_t>(ld.window_positions[s].size()));
-    check(c.coded[s] + c.window[s] <= kMaxSetTokens, "layer {} set {} stores {} tokens; accepted: at most {}", l, s,
-          c.coded[s] + c.window[s], kMaxSetTokens);
+    check(c.stored(s) <= kMaxSetTokens, "layer {} set {} stores {} tokens; accepted: at most {}", l, s, c.stored(s),
+          kMaxSetTokens);
+    check(c.tier[s] == 0 || L.layer_has_code_tier(l),
+          "layer {} set {} has {} code-tier tokens but the layer has no code tier (tier codecs {}/{}, layer codecs "
+          "{}/{}); accepted: 0",
+          l, s, c.tier[s], quant::to_string(L.tier_key_codec), quant::to_string(L.tier_value_codec),
+          quant::to_string(L.key_codec[static_cast<size_t>(l)]),
+          quant::to_string(L.value_codec[static_cast<size_t>(l)]));
     check(c.pinned >= 0 && c.pinned <= c.window[s], "layer {}: pinned {} is outside [0, window tokens of set {} = {}]",
           l, c.pinned, s, c.window[s]);
     check_positions(ld.positions[s], ld.window_positions[s], c.pinned, l, s, kFormatVersion);
+    check_tier_positions(tier, ld.positions[s], ld.window_positions[s], c.pinned, l, s);
   }
   check(c.original_tokens >= c.max_stored(), "layer {}: original_tokens {} is below the stored token count {}", l,
         c.original_tokens, c.max_stored());
   for (int h = 0; h < L.n_kv_heads; ++h) {
     const size_t s = sets == 1 ? 0 : static_cast<size_t>(h);
-    check_head(L, l, h, ld.heads[static_cast<size_t>(h)], static_cast<size_t>(c.coded[s]), static_cast<size_t>(c.window[s]));
+    check_head(L, l, h, ld.heads[static_cast<size_t>(h)], static_cast<size_t>(c.coded[s]),
+               static_cast<size_t>(c.tier[s]), static_cast<size_t>(c.window[s]));
   }
   check(ld.query_energy.empty() || (ld.query_energy.size() == static_cast<size_t>(L.n_kv_heads) && L.query_weighted_keys),
         "layer {}: query_energy must be empty or hold one vector per KV head (and needs layout.query_weighted_keys)", l);
@@ -224,6 +283,7 @@ void write_layer_entry(io::ByteWriter& w, const LayerCounts& c, const Compressed
   for (size_t s = 0; s < c.coded.size(); ++s) {
     w.u64(static_cast<uint64_t>(c.coded[s]));
     w.u64(static_cast<uint64_t>(c.window[s]));
+    if (version >= kCodeTierSince) w.u64(static_cast<uint64_t>(c.tier[s]));
   }
   // Per head the centring means (u16 lengths, fp16 values).
   for (const auto& hd : ld.heads) {
@@ -249,7 +309,7 @@ void write_layer_entry(io::ByteWriter& w, const LayerCounts& c, const Compressed
 }
 
 size_t layer_entry_bytes(const CompressedKV::LayerData& ld, size_t sets, uint16_t version) {
-  size_t b = kLayerEntryFixedBytes + kLayerEntrySetBytes * sets;
+  size_t b = kLayerEntryFixedBytes + layer_entry_set_bytes(version) * sets;
   for (const auto& hd : ld.heads) b += 4 + 2 * (hd.key_mean.size() + hd.value_mean.size());
   if (version >= 2)
     for (size_t h = 0; h < ld.heads.size(); ++h)
@@ -265,32 +325,37 @@ uint64_t codecs_bytes(const CacheLayout& L) {
   const uint64_t d = static_cast<uint64_t>(L.head_dim);
   uint64_t b = sat_mul(sat_mul(static_cast<uint64_t>(L.n_layers), static_cast<uint64_t>(L.n_kv_heads)),
                        2 * (d * 4 + d / 8 + 128));
-  b = sat_add(b, sat_mul(static_cast<uint64_t>(L.n_layers), 256));
+  b = sat_add(b, sat_mul(static_cast<uint64_t>(L.n_layers) + 1, 256));  // quantizers: per layer, and the code tier's
   b = sat_add(b, 4096 * d * 4 + 65536);
   return b;
 }
 
-uint64_t layer_head_bytes(const CacheLayout& L, int l, int64_t coded, int64_t window) {
+uint64_t layer_head_bytes(const CacheLayout& L, int l, int64_t coded, int64_t tier, int64_t window) {
   const CodecGeometry kg = key_geometry(L, l), vg = value_geometry(L, l);
+  const CodecGeometry tk = tier_geometry(L, true), tv = tier_geometry(L, false);
   const uint64_t per_coded = kg.code_bytes + vg.code_bytes + static_cast<uint64_t>(kg.gain_width + vg.gain_width);
+  const uint64_t per_tier = tk.code_bytes + tv.code_bytes + 2 * 2;  // fp16 gains
   const uint64_t per_window = 4 * static_cast<uint64_t>(L.head_dim);
-  return sat_add(sat_mul(static_cast<uint64_t>(coded), per_coded), sat_mul(static_cast<uint64_t>(window), per_window));
+  const uint64_t b =
+      sat_add(sat_mul(static_cast<uint64_t>(coded), per_coded), sat_mul(static_cast<uint64_t>(tier), per_tier));
+  return sat_add(b, sat_mul(static_cast<uint64_t>(window), per_window));
 }
 
 uint64_t layer_range_bytes(const CacheLayout& L, int l, const LayerCounts& c, int64_t begin, int64_t end) {
   const size_t sets = c.coded.size();
-  uint64_t b = sizeof(CompressedKV::LayerData) + sets * 2 * sizeof(std::vector<int32_t>) +
+  uint64_t b = sizeof(CompressedKV::LayerData) + sets * 3 * sizeof(std::vector<int32_t>) +
                static_cast<uint64_t>(L.n_kv_heads) * sizeof(CompressedKV::HeadData);
   for (int h = 0; h < L.n_kv_heads; ++h) {
     const size_t s = sets == 1 ? 0 : static_cast<size_t>(h);
-    const int64_t n = c.coded[s] + c.window[s];
+    const int64_t n = c.stored(s);
     const int64_t lo = std::min(begin, n), hi = std::min(end, n);
     const int64_t coded = std::max<int64_t>(0, std::min(hi, c.coded[s]) - lo);
-    const int64_t window = (hi - lo) - coded;
-    b = sat_add(b, layer_head_bytes(L, l, coded, window));
+    const int64_t tier = std::max<int64_t>(0, std::min(hi, c.coded[s] + c.tier[s]) - std::max(lo, c.coded[s]));
+    const int64_t window = (hi - lo) - coded - tier;
+    b = sat_add(b, layer_head_bytes(L, l, coded, tier, window));
   }
   for (size_t s = 0; s < sets; ++s) {
-    const int64_t n = c.coded[s] + c.window[s];
+    const int64_t n = c.stored(s);
     b = sat_add(b, 4 * static_cast<uint64_t>(std::min(end, n) - std::min(begin, n)));
   }
   return b;
@@ -301,7 +366,8 @@ uint64_t layer_range_bytes(const CacheLayout& L, int l, const LayerCounts& c, in
 namespace {
 
 // Token counts, pinned and chunk range of layer l (the range is checked by the caller).
-LayerCounts read_counts(io::ByteReader& r, int l, size_t sets, uint64_t& first, uint64_t& count) {
+LayerCounts read_counts(io::ByteReader& r, const CacheLayout& L, int l, size_t sets, uint16_t version, uint64_t& first,
+                        uint64_t& count) {
   LayerCounts c;
   c.original_tokens = r.i64("original_tokens");
   c.pinned = r.i64("pinned");
@@ -309,9 +375,20 @@ LayerCounts read_counts(io::ByteReader& r, int l, size_t sets, uint64_t& first, 
   count = r.u64("n_chunks");
   for (size_t s = 0; s < sets; ++s) {
     const uint64_t coded = r.u64("coded_tokens"), window = r.u64("window_tokens");
-    check(coded <= static_cast<uint64_t>(kMaxSetTokens) && window <= static_cast<uint64_t>(kMaxSetTokens) - coded,
-          "layer {} set {}: token counts {} + {} exceed {}", l, s, coded, window, kMaxSetTokens);
+    const uint64_t tier = version >= kCodeTierSince ? r.u64("tier_tokens") : 0;
+    check(coded <= static_cast<uint64_t>(kMaxSetTokens) && window <= static_cast<uint64_t>(kMaxSetTokens) - coded &&
+              tier <= static_cast<uint64_t>(kMaxSetTokens) - coded - window,
+          "layer {} set {}: token counts {} + {} + {} (coded, window, tier) exceed {}", l, s, coded, window, tier,
+          kMaxSetTokens);
+    // Only a layer whose rates the tier raises holds tier tokens (CacheLayout::layer_has_code_tier).
+    check(tier == 0 || L.layer_has_code_tier(l),
+          "layer {} set {}: tier_tokens {} in a layer without a code tier (tier codecs {}/{}, layer codecs {}/{}); "
+          "accepted: 0",
+          l, s, tier, quant::to_string(L.tier_key_codec), quant::to_string(L.tier_value_codec),
+          quant::to_string(L.key_codec[static_cast<size_t>(l)]),
+          quant::to_string(L.value_codec[static_cast<size_t>(l)]));
     c.coded.push_back(static_cast<int64_t>(coded));
+    c.tier.push_back(static_cast<int64_t>(tier));
     c.window.push_back(static_cast<int64_t>(window));
   }
   check(c.original_tokens >= c.max_stored() && c.original_tokens <= kMaxOriginalTokens,
@@ -369,16 +446,18 @@ void read_v2_head(io::ByteReader& r, const CacheLayout& L, int l, int h, Header&
 
 void parse_cache_tables(io::ByteReader& r, Header& h, uint64_t n_chunks) {
   const int64_t T = h.info.chunk_tokens;
+  const uint16_t version = static_cast<uint16_t>(h.info.format_version);
   CacheLayout& L = h.info.layout;
-  L = read_layout_record(r, static_cast<uint16_t>(h.info.format_version));
+  L = read_layout_record(r, version);
   const size_t sets = position_sets(L);
   const size_t H = static_cast<size_t>(L.n_kv_heads);
-  r.need(static_cast<size_t>(L.n_layers) * (kLayerEntryFixedBytes + kLayerEntrySetBytes * sets + 4 * H), "layer table");
+  r.need(static_cast<size_t>(L.n_layers) * (kLayerEntryFixedBytes + layer_entry_set_bytes(version) * sets + 4 * H),
+         "layer table");
   uint64_t decoded = codecs_bytes(L);
   int64_t next_chunk = 0;
   for (int l = 0; l < L.n_layers; ++l) {
     uint64_t first = 0, count = 0;
-    LayerCounts c = read_counts(r, l, sets, first, count);
+    LayerCounts c = read_counts(r, L, l, sets, version, first, count);
     h.key_mean.emplace_back(H);
     h.value_mean.emplace_back(H);
     for (size_t hh = 0; hh < H; ++hh) {
@@ -410,6 +489,7 @@ void parse_cache_tables(io::ByteReader& r, Header& h, uint64_t n_chunks) {
     info.original_tokens = c.original_tokens;
     info.pinned = c.pinned;
     info.coded_tokens = c.coded;
+    info.tier_tokens = c.tier;
     info.window_tokens = c.window;
     info.first_chunk = c.first_chunk;
     info.n_chunks = c.n_chunks;

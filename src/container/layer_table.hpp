@@ -1,6 +1,7 @@
 // The layer table of a compressed-cache container (docs/format.md §2.2): per layer its token
-// counts, chunk range, centring means and (version 2) key channel scales, pending query energies
-// and gain references. Written from a cache, parsed into a Header; sizes a read needs. Internal.
+// counts (version 5: with the code tier's), chunk range, centring means and (version 2) key
+// channel scales, pending query energies and gain references. Written from a cache, parsed into a
+// Header; sizes a read needs. Internal.
 #pragma once
 
 #include <cstddef>
@@ -22,8 +23,9 @@ void write_layer_entry(io::ByteWriter& w, const LayerCounts& c, const Compressed
 /// Bytes write_layer_entry appends.
 size_t layer_entry_bytes(const CompressedKV::LayerData& ld, size_t sets, uint16_t version);
 
-/// Decoded bytes of `coded` coded and `window` window tokens of one head of layer l.
-uint64_t layer_head_bytes(const CacheLayout& L, int l, int64_t coded, int64_t window);
+/// Decoded bytes of `coded` coded, `tier` code-tier and `window` window tokens of one head of
+/// layer l.
+uint64_t layer_head_bytes(const CacheLayout& L, int l, int64_t coded, int64_t tier, int64_t window);
 /// Decoded bytes of stored tokens [begin, end) of every set of layer l (clamped per set).
 uint64_t layer_range_bytes(const CacheLayout& L, int l, const LayerCounts& c, int64_t begin, int64_t end);
 /// What rebuilding the codecs of L allocates (an estimate with slack).

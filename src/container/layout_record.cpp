@@ -75,6 +75,11 @@ void validate_layout(const CacheLayout& L) {
                 static_cast<int64_t>(L.value_codec.size()) == L.n_layers,
             "layout has {} key and {} value codecs; accepted: one of each per layer ({})", L.key_codec.size(),
             L.value_codec.size(), L.n_layers);
+  // The code tier: both codecs fp16 (none) or both block codes (CacheLayout::has_code_tier).
+  io::check((L.tier_key_codec == quant::Codec::kFp16) == (L.tier_value_codec == quant::Codec::kFp16),
+            "layout tier_key_codec {} and tier_value_codec {} are not accepted (accepted: both fp16 (0), no code tier; "
+            "or both block codes)",
+            print(named<quant::Codec>(), L.tier_key_codec), print(named<quant::Codec>(), L.tier_value_codec));
   for (size_t l = 0; l < L.key_codec.size(); ++l) {
     for (const auto* codecs : {&L.key_codec, &L.value_codec})
       if (!accepts(named<quant::Codec>(), (*codecs)[l]))

@@ -56,6 +56,9 @@ inline constexpr size_t kLayoutRecordBytes = 128;
   CONFIG(value_codec, "value", named<quant::Codec>())                                                                \
   CONFIG(eviction_rate, "evict", fraction_below_one())                                                               \
   CONFIG(fp16_tier, "fp16_tier", fraction_below_one())                                                               \
+  CONFIG(code_tier, "code_tier", fraction_below_one())                                                               \
+  SHARED(tier_key_codec, tier_key_codec, "tier_key", named<quant::Codec>(), 58, wire::u8, since(5, 0))               \
+  SHARED(tier_value_codec, tier_value_codec, "tier_value", named<quant::Codec>(), 59, wire::u8, since(5, 0))         \
   CONFIG(sinks, "sinks", ints(0, kIntMax))                                                                           \
   CONFIG(recent_window, "recent", ints(0, kIntMax))                                                                  \
   CONFIG(scorer, "scorer", named<select::ScorerKind>())                                                              \

@@ -96,6 +96,14 @@ const std::vector<Case>& cases() {
       {"quant-k3v2", KeyFrame::kRopeResidual, ",gain_bits=16"},
       {"high", KeyFrame::kRopeResidual, ",per_head=1"},
       {"quant-k3v2", KeyFrame::kRopeResidual, ",protect=1"},
+      // The code tier (a second code stream per head, read in its own chunks): table-decoded and
+      // decoded-ahead tier codes, with the fp16 tier, eviction, per-head sets, a pre-RoPE layer,
+      // and a tier past one 512-token chunk.
+      {"quant-k3v2", KeyFrame::kRopeResidual, ",code_tier=0.2"},
+      {"quant-k2v2", KeyFrame::kPreRope, ",code_tier=0.2,fp16_tier=0.05,evict=0.3"},
+      {"high", KeyFrame::kRopeResidual, ",per_head=1,code_tier=0.15,tier_key=rvq4,tier_value=rvq3"},
+      {"quant-k3v2", KeyFrame::kPostRope, ",code_tier=0.2,tier_key=ball4,tier_value=vor3"},
+      {"quant-k2v2", KeyFrame::kRopeResidual, ",code_tier=0.95"},
   };
   return all;
 }
@@ -129,6 +137,9 @@ TEST(Attend, MatchesDenseAttentionOverDecodedCache) {
       // runs on two or three of the shapes and every shape on several cases.
       if (e8kv::test::kUnderSanitizer && (shape_index + case_index) % 3 != 0) continue;
       const auto cache = make_cache(f, c);
+      if (c.extra.find("code_tier") != std::string::npos) {  // the tier cases do read a tier
+        EXPECT_GT(cache.tier_tokens(0, 0), s.tokens / 10) << name(c) << " seed " << seed;
+      }
       for (int w : {0, 9}) {
         const float* q = f.query(0, w);
         const auto ref = reference_attention(cache, 0, q);

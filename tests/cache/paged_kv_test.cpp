@@ -479,4 +479,39 @@ TEST(PagedKV, DefaultConfigRoundTripsByteForByte) {
   }
 }
 
+// A cache with a code tier (a second code stream per head) cannot go to pages: to_paged and
+// paged_layout_for refuse it with an error naming the tier, rather than dropping its tokens.
+TEST(PagedKV, CodeTierCachesAreRefused) {
+  const ModelShape shape{1, 1, 2, 64};
+  synth::SyntheticSpec sp;
+  sp.n_layers = 1;
+  sp.n_kv_heads = 1;
+  sp.n_q_heads = 2;
+  sp.head_dim = 64;
+  sp.tokens = 200;
+  sp.obs_window = 8;
+  sp.seed = 640;
+  const auto d = synth::make_synthetic_kv(sp);
+  SequenceKV seq;
+  seq.layers.push_back({TensorView::nhd(d.keys[0].data(), DType::kF32, sp.tokens, 1, 64),
+                        TensorView::nhd(d.values[0].data(), DType::kF32, sp.tokens, 1, 64)});
+  std::vector<LayerQueries> queries(1);
+  queries[0].queries = TensorView::nhd(d.queries[0].data(), DType::kF32, static_cast<int64_t>(d.query_positions.size()), 2, 64);
+  queries[0].positions = d.query_positions.data();
+  KVCompressor compressor(shape, Config::parse("preset=quant-k3v2,code_tier=0.1"));
+  const CompressedKV cache = compressor.compress(seq, &queries);
+  ASSERT_GT(cache.tier_tokens(0, 0), 0);
+  try {
+    (void)to_paged({&cache}, 0);
+    FAIL() << "to_paged accepted a code-tier cache";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("code tier"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW((void)paged_layout_for(cache.codecs(), 0, 16), Error);
+  // Without the tier the same data pages.
+  KVCompressor plain(shape, Config::parse("preset=quant-k3v2"));
+  const CompressedKV untiered = plain.compress(seq, &queries);
+  EXPECT_NO_THROW((void)to_paged({&untiered}, 0));
+}
+
 }  // namespace

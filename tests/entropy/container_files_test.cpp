@@ -47,13 +47,14 @@ TEST(ContainerFiles, WriteReadLayerAndInfo) {
 
 // Every golden file reads back: header fields as the manifest lists them, the content digest the
 // writer took from the in-memory cache before serializing it (files of versions 2-4: including
-// the version-2 fields), partial reads equal to the full read, and a re-serialization that reads
-// back equal. Version-1 files are those written before version 2 existed.
+// the version-2 fields; version 5: the code tier too), partial reads equal to the full read, and a
+// re-serialization that reads back equal. Version-1 files are those written before version 2
+// existed.
 TEST(ContainerGolden, FilesOfEveryFormatVersionReadBack) {
   std::ifstream manifest(data_dir() + "/golden.txt");
   ASSERT_TRUE(manifest.good()) << "tests/data/golden.txt is missing";
   std::string line;
-  int files = 0, files_v2 = 0;
+  int files = 0, files_v2 = 0, files_v5 = 0;
   while (std::getline(manifest, line)) {
     if (line.empty() || line[0] == '#') continue;
     std::istringstream in(line);
@@ -78,7 +79,7 @@ TEST(ContainerGolden, FilesOfEveryFormatVersionReadBack) {
     } else {
       EXPECT_EQ(info.kind, ent::ContainerKind::kCompressedCache);
       const CompressedKV c = deser(bytes);
-      EXPECT_EQ(version == 1 ? test::cache_digest(c) : test::cache_digest_v2(c), digest);
+      EXPECT_EQ(test::cache_digest_for_version(c, version), digest);
       const CacheLayout& L = c.layout();
       EXPECT_EQ(L.n_layers, layers);
       EXPECT_EQ(L.n_kv_heads, kv_heads);
@@ -94,14 +95,32 @@ TEST(ContainerGolden, FilesOfEveryFormatVersionReadBack) {
       if (version <= 3) {
         EXPECT_EQ(L.key_frame == transform::KeyFrame::kRopeResidual, version == 3);
       }
-      if (version == 4) {  // the fp16 tier: some pinned token follows a coded one
-        bool interleaved = false;
-        for (int l = 0; l < L.n_layers; ++l) {
-          const auto& ld = c.layer(l);
-          interleaved = interleaved || (ld.pinned > 0 && !ld.positions[0].empty() &&
-                                        ld.window_positions[0][static_cast<size_t>(ld.pinned) - 1] > ld.positions[0].front());
-        }
+      bool interleaved = false;  // the fp16 tier: some pinned token follows a coded one
+      for (int l = 0; l < L.n_layers; ++l) {
+        const auto& ld = c.layer(l);
+        interleaved =
+            interleaved || (ld.pinned > 0 && !ld.positions[0].empty() &&
+                            ld.window_positions[0][static_cast<size_t>(ld.pinned) - 1] > ld.positions[0].front());
+      }
+      if (version >= 4) {
         EXPECT_TRUE(interleaved);
+      }
+      EXPECT_EQ(L.has_code_tier(), version >= 5);
+      if (version >= 5) ++files_v5;
+      for (int l = 0; l < L.n_layers; ++l) {
+        const auto& ld = c.layer(l);
+        ASSERT_EQ(ld.tier_positions.size(), ld.positions.size()) << "one tier set per position set, in every version";
+        if (version >= 5) {  // the code tier: tier tokens among the coded ones, rvq4 codes, fp16 gains
+          EXPECT_TRUE(L.layer_has_code_tier(l));
+          ASSERT_GT(c.tier_tokens(l), 0);
+          EXPECT_LT(ld.tier_positions[0].front(), ld.positions[0].back());
+          EXPECT_GT(ld.tier_positions[0].back(), ld.positions[0].front());
+          EXPECT_EQ(ld.heads[1].tier_key_codes.size(),
+                    static_cast<size_t>(c.tier_tokens(l)) * 32);  // rvq4: 8 blocks × 4 bytes
+          EXPECT_EQ(ld.heads[1].tier_value_gains.size(), static_cast<size_t>(c.tier_tokens(l)));
+        } else {
+          EXPECT_EQ(c.tier_tokens(l), 0);
+        }
       }
       if (version >= 2) {
         ++files_v2;
@@ -118,14 +137,17 @@ TEST(ContainerGolden, FilesOfEveryFormatVersionReadBack) {
       for (int l = 0; l < L.n_layers; ++l)
         expect_layer_eq(c.layer(l), ent::deserialize_layer(bytes.data(), bytes.size(), l), "golden layer");
       expect_cache_eq(c, deser(ent::serialize(c)));
+      const LayerData middle = ent::deserialize_tokens(bytes.data(), bytes.size(), 1, 5, 40);
+      expect_layer_eq(slice(c, 1, 5, 40), middle, "golden tokens [5, 40) of layer 1");
       std::vector<float> q(static_cast<size_t>(L.n_q_heads * L.head_dim), 0.05f), out(q.size());
       for (int l = 0; l < L.n_layers; ++l)
         if (every_head_has_tokens(c, l)) e8kv::attend(c, l, q.data(), out.data());
     }
     ++files;
   }
-  EXPECT_EQ(files, 8);
-  EXPECT_EQ(files_v2, 4);
+  EXPECT_EQ(files, 9);
+  EXPECT_EQ(files_v2, 5);
+  EXPECT_EQ(files_v5, 1);
 }
 
 // Writes the cache to a file in one child process, reads it and attends in a second child

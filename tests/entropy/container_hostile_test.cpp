@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "container/format.hpp"
+#include "container/layer_table.hpp"
 #include "entropy/container_test_util.hpp"
 
 namespace {
@@ -150,7 +151,8 @@ TEST(ContainerHostile, CacheHeaderClaimingMoreTokensThanItsChunksHoldIsRejectedB
 // size (a valid read's largest vector is a fraction of it; the old reader allocated 3.2 GB for
 // one of these changes).
 TEST(ContainerHostile, HeaderFieldLiesNeverCauseLargeAllocations) {
-  for (const char* name : {"k3v2_evict_window.e8kv", "perhead_ball_vor.e8kv", "lossless_fp16.e8kv", "plain_bf16.e8kv"}) {
+  for (const char* name : {"k3v2_evict_window.e8kv", "perhead_ball_vor.e8kv", "lossless_fp16.e8kv", "plain_bf16.e8kv",
+                           "k3v2_code_tier.e8kv"}) {
     SCOPED_TRACE(name);
     const std::vector<uint8_t> golden = read_golden(name);
     const size_t hb = static_cast<size_t>(get_at<uint64_t>(golden, 16));
@@ -510,6 +512,280 @@ TEST(ContainerPositions, TieredCacheNeedsVersion4) {
   put_at<uint16_t>(bytes, 8, 3);
   fix_header_crc(bytes);
   expect_error([&] { deser(bytes); }, "strictly increasing");
+}
+
+// ---- the code tier (version 5) ----------------------------------------------------------------------
+
+// A version-5 container: rvq3/e8p2 layers with an rvq4 code tier, 3 layers of which the first
+// and last are fp16 (protect=1: no code tier there), shared positions.
+class ContainerCodeTier : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    made_ =
+        make_cache("preset=quant-k3v2,code_tier=0.2,protect=1,residual=4,flush=8", small_spec(3, 2, 4, 64, 80, 63), 5);
+    const CacheLayout& L = made_.cache.layout();
+    ASSERT_FALSE(L.layer_has_code_tier(0));
+    ASSERT_TRUE(L.layer_has_code_tier(1));
+    ASSERT_GT(made_.cache.tier_tokens(1), 2);
+    ent::ContainerOptions o;
+    o.chunk_tokens = 24;
+    bytes_ = ent::serialize(made_.cache, o);
+    ASSERT_EQ(ent::read_info(bytes_.data(), bytes_.size()).format_version, 5);
+  }
+  // The layer table's entry of layer l (version 5, one position set): 32 bytes, 24 per set, then
+  // per head the mean lengths and means, and the version-2 fields.
+  size_t entry_at(int l) const {
+    size_t at = kLayoutAt + 128 + 2 * 3;
+    for (int i = 0; i < l; ++i) {
+      at += 32 + 24;
+      for (const auto& hd : made_.cache.layer(i).heads)
+        at += 4 + 2 * (hd.key_mean.size() + hd.value_mean.size()) + 8 + 2 * hd.key_channel_scale.size();
+      for (const auto& e : made_.cache.layer(i).query_energy) at += 4 * e.size();
+    }
+    return at;
+  }
+  Made made_;
+  std::vector<uint8_t> bytes_;
+};
+
+TEST_F(ContainerCodeTier, TheLayerTableSitsWhereTheFormatSays) {
+  for (int l = 0; l < 3; ++l) {
+    const size_t at = entry_at(l);
+    EXPECT_EQ(get_at<uint64_t>(bytes_, at + 32), static_cast<uint64_t>(made_.cache.coded_tokens(l))) << l;
+    EXPECT_EQ(get_at<uint64_t>(bytes_, at + 40), static_cast<uint64_t>(made_.cache.window_tokens(l))) << l;
+    EXPECT_EQ(get_at<uint64_t>(bytes_, at + 48), static_cast<uint64_t>(made_.cache.tier_tokens(l))) << l;
+  }
+  EXPECT_EQ(bytes_[kLayoutAt + 58], 3) << "tier_key_codec rvq4 at offset 106";
+  EXPECT_EQ(bytes_[kLayoutAt + 59], 3) << "tier_value_codec rvq4 at offset 107";
+  EXPECT_EQ(get_at<uint32_t>(bytes_, chunk_offset(bytes_, 0) + 4), 11u) << "version-5 chunks hold 11 streams";
+}
+
+TEST_F(ContainerCodeTier, EveryTruncationIsRejected) {
+  for (size_t n = 0; n < bytes_.size(); ++n) {
+    std::vector<uint8_t> t(bytes_.begin(), bytes_.begin() + static_cast<std::ptrdiff_t>(n));
+    try {
+      (void)ent::deserialize(t.data(), t.size());
+      ADD_FAILURE() << "truncation to " << n << " bytes was accepted";
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_TRUE(msg.find("truncated") != std::string::npos || msg.find("too short") != std::string::npos ||
+                  msg.find("header_bytes") != std::string::npos)
+          << n << ": " << msg;
+    }
+  }
+}
+
+TEST_F(ContainerCodeTier, TierCodecIdsAreChecked) {
+  struct Case {
+    size_t offset;
+    uint8_t value;
+    const char* needle;
+  };
+  const Case cases[] = {
+      {kLayoutAt + 58, 0,
+       "layout tier_key_codec fp16 and tier_value_codec rvq4 are not accepted (accepted: both fp16 (0)"},
+      {kLayoutAt + 59, 0, "layout tier_key_codec rvq4 and tier_value_codec fp16 are not accepted"},
+      {kLayoutAt + 58, 12, "layout tier_key_codec 12 is not accepted (accepted: fp16 (0), e8p2 (1)"},
+      {kLayoutAt + 59, 0xC8, "layout tier_value_codec 200 is not accepted"},
+  };
+  for (const auto& c : cases) {
+    auto t = bytes_;
+    t[c.offset] = c.value;
+    fix_header_crc(t);
+    expect_error([&] { deser(t); }, c.needle, "offset " + std::to_string(c.offset));
+    expect_error([&] { ent::read_info(t.data(), t.size()); }, c.needle, "offset " + std::to_string(c.offset));
+  }
+  // Both 0: no code tier, so layer 1's tier tokens are in a layer without one.
+  auto t = bytes_;
+  t[kLayoutAt + 58] = t[kLayoutAt + 59] = 0;
+  fix_header_crc(t);
+  expect_error([&] { deser(t); }, "layer 1 set 0: tier_tokens");
+}
+
+TEST_F(ContainerCodeTier, TierCountsOnlyInLayersWithACodeTier) {
+  auto t = bytes_;
+  put_at<uint64_t>(t, entry_at(0) + 48, 1);  // layer 0 is fp16: no code tier
+  fix_header_crc(t);
+  expect_error([&] { deser(t); },
+               "layer 0 set 0: tier_tokens 1 in a layer without a code tier (tier codecs rvq4/rvq4, "
+               "layer codecs fp16/fp16); accepted: 0");
+  expect_error([&] { ent::deserialize_layer(t.data(), t.size(), 2); }, "tier_tokens 1");
+  // A count that overflows the set.
+  t = bytes_;
+  put_at<uint64_t>(t, entry_at(1) + 48, uint64_t{1} << 31);
+  fix_header_crc(t);
+  expect_error([&] { deser(t); }, "(coded, window, tier) exceed");
+  // One more tier token than the chunks hold: the chunks' raw sizes disagree with the table.
+  t = bytes_;
+  put_at<uint64_t>(t, entry_at(1) + 48, static_cast<uint64_t>(made_.cache.tier_tokens(1)) + 1);
+  put_at<int64_t>(t, entry_at(1), made_.cache.layer(1).original_tokens + 1);
+  fix_header_crc(t);
+  expect_error([&] { deser(t); }, "the layer table implies");
+}
+
+// The writer refuses what the reader would: tier tokens in a layer without a code tier, tier
+// codes or gains that disagree with the tier positions, tier positions out of order or stored
+// twice.
+TEST_F(ContainerCodeTier, WriterRefusesInconsistentTiers) {
+  auto edit = [&](auto&& f) {
+    CompressedKV c = made_.cache;
+    f(e8kv::detail::CacheStorage::layer(c, 1), e8kv::detail::CacheStorage::layer(c, 0));
+    return c;
+  };
+  expect_error([&] { ent::serialize(edit([](LayerData&, LayerData& l0) { l0.tier_positions[0].push_back(3); })); },
+               "layer 0 set 0 has 1 code-tier tokens but the layer has no code tier");
+  expect_error(
+      [&] { ent::serialize(edit([](LayerData& l1, LayerData&) { l1.heads[1].tier_value_gains.pop_back(); })); },
+      "layer 1 head 1: code-tier code or gain sizes disagree");
+  expect_error(
+      [&] { ent::serialize(edit([](LayerData& l1, LayerData&) { l1.heads[0].tier_key_codes.push_back(0); })); },
+      "layer 1 head 0: code-tier");
+  expect_error(
+      [&] {
+        ent::serialize(
+            edit([](LayerData& l1, LayerData&) { std::swap(l1.tier_positions[0][0], l1.tier_positions[0][1]); }));
+      },
+      "code-tier positions of layer 1, set 0 are not >= 0 and strictly increasing");
+  expect_error(
+      [&] { ent::serialize(edit([](LayerData& l1, LayerData&) { l1.tier_positions[0][0] = l1.positions[0][0]; })); },
+      "is both a code-tier token and a coded token");
+  expect_error([&] { ent::serialize(edit([](LayerData& l1, LayerData&) { l1.tier_positions.resize(2); })); },
+               "code-tier sets");
+  // No tier sets at all reads as empty ones (layer 0 of a cache built by hand, say).
+  const CompressedKV c = edit([](LayerData&, LayerData& l0) { l0.tier_positions.clear(); });
+  const CompressedKV back = deser(ent::serialize(c));
+  EXPECT_EQ(back.layer(0).tier_positions.size(), 1u) << "the reader builds one tier set per position set";
+}
+
+// Decoded tier positions: strictly increasing, >= 0, and disjoint from the set's coded and
+// window positions, in full and partial reads. One token per chunk: each positions stream is 4
+// raw bytes, stored.
+TEST_F(ContainerCodeTier, DecodedTierPositionsAreChecked) {
+  ent::ContainerOptions o;
+  o.chunk_tokens = 1;
+  const auto t = ent::serialize(made_.cache, o);
+  const auto info = ent::read_info(t.data(), t.size());
+  const auto& li = info.layers[1];
+  const int64_t C = li.coded_tokens[0];
+  ASSERT_GE(li.tier_tokens[0], 2);
+  // Stored token i of layer 1 is its chunk first_chunk + i; its position is the 4 bytes after the
+  // chunk's 40-byte header and 11 descriptors.
+  auto pos_at = [&](int64_t stored) {
+    const size_t c = chunk_offset(t, static_cast<size_t>(li.first_chunk + stored));
+    EXPECT_EQ(t[c + 42], 0) << "the positions stream of a one-token chunk is stored raw";
+    return std::pair<size_t, size_t>{c, c + 40 + 11 * 24};
+  };
+  const auto [c_tier0, tier0] = pos_at(C);
+  const auto [c_tier1, tier1] = pos_at(C + 1);
+  const auto [c_tier_last, tier_last] = pos_at(C + li.tier_tokens[0] - 1);
+  const int64_t W0 = C + li.tier_tokens[0];  // the first window token: a pinned sink
+  // Values that keep the tier ascending and repeat another position.
+  struct Case {
+    size_t chunk, at;
+    int32_t value;
+    const char* needle;
+  };
+  const Case cases[] = {
+      {c_tier1, tier1, get_at<int32_t>(t, tier0),
+       "code-tier positions of layer 1, set 0 are not >= 0 and strictly increasing"},
+      {c_tier0, tier0, -3, "code-tier positions of layer 1, set 0 are not >= 0"},
+      {c_tier0, tier0, get_at<int32_t>(t, pos_at(0).second), "is both a code-tier token and a coded token"},
+      {c_tier0, tier0, get_at<int32_t>(t, pos_at(W0).second), "is both a code-tier token and a pinned window token"},
+      {c_tier_last, tier_last, get_at<int32_t>(t, pos_at(W0 + li.window_tokens[0] - 1).second),
+       "is both a code-tier token and a window token"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.needle);
+    auto u = t;
+    put_at<int32_t>(u, c.at, c.value);
+    fix_chunk_crc(u, c.chunk);
+    expect_error([&] { deser(u); }, c.needle);
+    expect_error([&] { ent::deserialize_layer(u.data(), u.size(), 1); }, c.needle);
+  }
+  // A range holding both tier tokens finds the repeat too.
+  auto u = t;
+  put_at<int32_t>(u, tier1, get_at<int32_t>(t, tier0));
+  fix_chunk_crc(u, c_tier1);
+  expect_error([&] { ent::deserialize_tokens(u.data(), u.size(), 1, C, C + 2); }, "strictly increasing");
+}
+
+// Version-5 fields in an older container: a version-5 file relabelled 4, a version-4 file with a
+// tier codec id, and a version-5 chunk with the seven streams of version 4.
+TEST_F(ContainerCodeTier, Version5FieldsInOlderVersionsAreRejected) {
+  auto t = bytes_;
+  put_at<uint16_t>(t, 8, 4);
+  fix_header_crc(t);
+  expect_error([&] { deser(t); }, "layout reserved byte 58 (offset 106) must be 0 in format version 4, got 3");
+  const Made v4 = make_cache("preset=quant-k3v2,fp16_tier=0.1", small_spec(2, 2, 4, 64, 80, 64));
+  auto b4 = ent::serialize(v4.cache);
+  ASSERT_EQ(ent::read_info(b4.data(), b4.size()).format_version, 4);
+  b4[kLayoutAt + 59] = 3;
+  fix_header_crc(b4);
+  expect_error([&] { deser(b4); }, "layout reserved byte 59 (offset 107) must be 0 in format version 4");
+  t = bytes_;
+  const size_t c1 = chunk_offset(t, 1);
+  put_at<uint32_t>(t, c1 + 4, 7);
+  fix_chunk_crc(t, c1);
+  expect_error([&] { deser(t); }, "chunk 1: 7 streams, expected 11");
+  // A tier stream with the wrong kind id.
+  t = bytes_;
+  t[c1 + 40 + 7 * 24] = 10;
+  fix_chunk_crc(t, c1);
+  expect_error([&] { deser(t); }, "stream 7: kind 10, expected 9 (tier key codes)");
+}
+
+// A header whose layer table claims up to 2^20 tier tokens in a one-chunk layer (CRC
+// recomputed) is refused before anything of that size is allocated, and the memory a read needs
+// counts the tier's codes and gains.
+TEST_F(ContainerCodeTier, TierCountLiesAreRejectedBeforeAllocating) {
+  ent::ContainerOptions one_chunk;
+  one_chunk.chunk_tokens = 1 << 20;
+  const auto bytes = ent::serialize(made_.cache, one_chunk);
+  for (uint64_t tier : {uint64_t{1} << 12, uint64_t{1} << 16, uint64_t{1} << 20}) {
+    std::vector<uint8_t> t = bytes;
+    put_at<int64_t>(t, entry_at(1), int64_t{1} << 40);  // original_tokens
+    put_at<uint64_t>(t, entry_at(1) + 48, tier);
+    fix_header_crc(t);
+    std::string message;
+    const size_t largest = largest_allocation([&] {
+      try {
+        read_everything(t, ent::DeserializeOptions{});
+      } catch (const Error& e) {
+        message = e.what();
+      }
+    });
+    EXPECT_FALSE(message.empty()) << tier << " tier tokens were accepted";
+    EXPECT_LE(largest, size_t{1} << 20) << tier << " tier tokens: allocated " << largest << " bytes (" << message
+                                        << ")";
+  }
+}
+
+// The decoded size a read is checked against counts every vector of the result, the tier's too.
+TEST(ContainerLimits, DecodedBytesCountTheCodeTier) {
+  const Made m = make_cache("preset=quant-k3v2,code_tier=0.6,residual=4", small_spec(2, 2, 4, 64, 400, 65));
+  const CacheLayout& L = m.cache.layout();
+  size_t data = 0, tier = 0;
+  auto bytes_of = [](const auto& v) { return v.size() * sizeof(v[0]); };
+  for (int l = 0; l < L.n_layers; ++l) {
+    const auto& ld = m.cache.layer(l);
+    for (const auto* sets : {&ld.positions, &ld.window_positions})
+      for (const auto& p : *sets) data += bytes_of(p);
+    for (const auto& h : ld.heads) {
+      data += bytes_of(h.key_codes) + bytes_of(h.value_codes) + bytes_of(h.key_gains) + bytes_of(h.value_gains) +
+              bytes_of(h.key_gain_codes) + bytes_of(h.value_gain_codes) + bytes_of(h.window_keys) +
+              bytes_of(h.window_values) + bytes_of(h.key_mean) + bytes_of(h.value_mean) + bytes_of(h.key_channel_scale);
+      tier += bytes_of(h.tier_key_codes) + bytes_of(h.tier_value_codes) + bytes_of(h.tier_key_gains) +
+              bytes_of(h.tier_value_gains);
+    }
+    for (const auto& p : ld.tier_positions) tier += bytes_of(p);
+  }
+  ASSERT_GT(tier, data / 3) << "the test wants the tier to weigh";
+  const auto bytes = ent::serialize(m.cache);
+  const auto info = ent::read_info(bytes.data(), bytes.size());
+  EXPECT_GE(info.decoded_bytes, ent::codecs_bytes(L) + data + tier);
+  ent::DeserializeOptions o;
+  o.max_decoded_bytes = info.decoded_bytes - 1;
+  expect_error([&] { deser(bytes, o); }, "max_decoded_bytes");
 }
 
 TEST_F(ContainerCorruption, ZstdDamageWithoutChecksumsIsAnError) {

@@ -32,11 +32,14 @@ TEST(ContainerFormat, CoversEveryFieldOfTheCacheStructs) {
     std::vector<uint8_t> key_codes, value_codes;
     std::vector<uint16_t> key_gains, value_gains, window_keys, window_values, key_mean, value_mean, key_channel_scale;
     std::vector<uint8_t> key_gain_codes, value_gain_codes;
+    std::vector<uint8_t> tier_key_codes, tier_value_codes;  // version 5
+    std::vector<uint16_t> tier_key_gains, tier_value_gains;
     uint16_t key_gain_ref, value_gain_ref;
   };
   EXPECT_EQ(sizeof(CompressedKV::HeadData), sizeof(HeadMirror));
   struct LayerMirror {
     std::vector<std::vector<int32_t>> positions, window_positions;
+    std::vector<std::vector<int32_t>> tier_positions;  // version 5
     std::vector<CompressedKV::HeadData> heads;
     int64_t original_tokens, pinned;
     std::vector<std::vector<float>> query_energy;
@@ -55,6 +58,7 @@ TEST(ContainerFormat, CoversEveryFieldOfTheCacheStructs) {
   struct LayoutMirror {
     int n_layers, n_kv_heads, n_q_heads, head_dim;
     std::vector<quant::Codec> key_codec, value_codec;
+    quant::Codec tier_key_codec, tier_value_codec;  // version 5
     quant::GainPolicy key_gain, value_gain;
     float key_scale, value_scale;
     transform::KeyFrame key_frame;
@@ -87,25 +91,48 @@ TEST(ContainerRoundTrip, LayoutDifferenceNamesTheField) {
   changed([](CacheLayout& b) { b.softmax_scale = -0.0f; }, "softmax_scale");
   changed([](CacheLayout& b) { b.rope.beta_slow = 2.0; }, "rope.beta_slow");
   changed([](CacheLayout& b) { b.per_head_positions = true; }, "per_head_positions");
+  changed([](CacheLayout& b) { b.tier_key_codec = quant::Codec::kRvq4; }, "tier_key_codec");
+  changed([](CacheLayout& b) { b.tier_value_codec = quant::Codec::kBall4; }, "tier_value_codec");
+  // Two caches with code tiers of different codecs.
+  const Made t = make_cache("preset=quant-k3v2,code_tier=0.1", small_spec(2, 2, 4, 64, 8, 1));
+  CacheLayout u = t.cache.layout();
+  u.tier_key_codec = quant::Codec::kRvq3;
+  EXPECT_EQ(ent::layout_difference(t.cache.layout(), u), "tier_key_codec rvq4 vs rvq3");
 }
 
 // bytes() counts the descriptor as the container writes it: a version-1 header is exactly the
 // 48-byte prefix + descriptor_bytes() + per layer its chunk range (16 bytes) and per head the two
-// mean lengths and the fp16 means + 16 bytes per directory entry + the CRC. Both position-set modes.
+// mean lengths and the fp16 means + 16 bytes per directory entry + the CRC. Both position-set
+// modes; and a version-5 header (code tier: a tier token count per set, which descriptor_bytes
+// counts), whose version-2 fields per head (scale and energy lengths, the scales, the energies,
+// two gain references) are not part of the descriptor either.
 TEST(ContainerHeader, DescriptorBytesMatchTheSerializedHeader) {
-  for (const char* spec : {"preset=high,residual=4,gain_bits=16,qweight=0,rope=pre",
-                           "preset=high,residual=4,gain_bits=16,qweight=0,per_head=1,rope=pre"}) {
+  for (const char* spec :
+       {"preset=high,residual=4,gain_bits=16,qweight=0,rope=pre",
+        "preset=high,residual=4,gain_bits=16,qweight=0,per_head=1,rope=pre",
+        "preset=quant-k3v2,code_tier=0.2,residual=4", "preset=quant-k3v2,code_tier=0.2,per_head=1,evict=0.3"}) {
     const Made m = make_cache(spec, small_spec(3, 2, 4, 64, 90, 43), 6);
     const auto bytes = ent::serialize(m.cache);
     const auto info = ent::read_info(bytes.data(), bytes.size());
-    ASSERT_EQ(info.format_version, 1) << spec;
+    const auto& L = m.cache.layout();
+    ASSERT_EQ(info.format_version, L.has_code_tier() ? 5 : 1) << spec;
+    if (L.has_code_tier()) {
+      ASSERT_GT(m.cache.tier_tokens(1, 1), 0) << spec;
+    }
     uint64_t header_bytes = 0;
     std::memcpy(&header_bytes, bytes.data() + 16, sizeof header_bytes);
-    const auto& L = m.cache.layout();
-    size_t means = 0;
-    for (int l = 0; l < L.n_layers; ++l)
-      for (const auto& h : m.cache.layer(l).heads) means += 4 + 2 * (h.key_mean.size() + h.value_mean.size());
-    EXPECT_EQ(header_bytes, 48 + L.descriptor_bytes() + 16 * static_cast<size_t>(L.n_layers) + means +
+    size_t per_head = 0;
+    for (int l = 0; l < L.n_layers; ++l) {
+      const auto& ld = m.cache.layer(l);
+      for (size_t h = 0; h < ld.heads.size(); ++h) {
+        const auto& hd = ld.heads[h];
+        per_head += 4 + 2 * (hd.key_mean.size() + hd.value_mean.size());
+        if (info.format_version >= 2)
+          per_head +=
+              8 + 2 * hd.key_channel_scale.size() + (ld.query_energy.empty() ? 0 : 4 * ld.query_energy[h].size());
+      }
+    }
+    EXPECT_EQ(header_bytes, 48 + L.descriptor_bytes() + 16 * static_cast<size_t>(L.n_layers) + per_head +
                                 16 * static_cast<size_t>(info.n_chunks) + 4)
         << spec;
     EXPECT_EQ(L.position_sets(), L.per_head_positions ? 2u : 1u) << spec;
@@ -207,6 +234,20 @@ TEST(ContainerLayoutRecord, FieldsSitAtTheDocumentedOffsets) {
   const uint8_t codecs[] = {0, 0, 2, 1, 5, 11};  // key, value per layer
   EXPECT_EQ(std::memcmp(rec.data() + 128, codecs, 6), 0);
   expect_layout_eq(L, read_record(rec, 2));
+  // Version 5: the code tier's codecs in the bytes that were reserved (106, 107).
+  CacheLayout T = L;
+  T.tier_key_codec = quant::Codec::kRvq3;
+  T.tier_value_codec = quant::Codec::kBall4;
+  const std::vector<uint8_t> rec5 = record_bytes(T, 5);
+  EXPECT_EQ(rec5[106 - o], 2);  // tier_key_codec rvq3
+  EXPECT_EQ(rec5[107 - o], 5);  // tier_value_codec ball4
+  ASSERT_EQ(rec5.size(), rec.size());
+  for (size_t i = 0; i < rec.size(); ++i) {
+    if (i != 106 - o && i != 107 - o) {
+      EXPECT_EQ(rec[i], rec5[i]) << "byte " << i + o << " moved in version 5";
+    }
+  }
+  expect_layout_eq(T, read_record(rec5, 5));
 }
 
 // The writer uses version 1 unless a field needs version 2 (query-weighted keys, 8-bit gains) or
@@ -237,6 +278,42 @@ TEST(ContainerLayoutRecord, VersionFollowsTheFieldsThatNeedIt) {
   EXPECT_EQ(v3[66 - kLayoutAt], 2);
   expect_layout_eq(L, read_record(v3, 3));
   expect_error([&] { read_record(v3, 2); }, "key_frame residual needs format version 3");
+  // The code tier needs version 5: a version-4 reader finds its codec ids in reserved bytes.
+  L.tier_key_codec = quant::Codec::kRvq4;
+  L.tier_value_codec = quant::Codec::kRvq3;
+  EXPECT_EQ(ent::format_version_for(L), 5);
+  const std::vector<uint8_t> v5 = record_bytes(L, 5);
+  expect_layout_eq(L, read_record(v5, 5));
+  expect_error([&] { read_record(v5, 4); }, "reserved byte 58");
+}
+
+// The tier codec ids: both 0 (fp16: no code tier) or both block codes; an unknown id is refused.
+TEST(ContainerLayoutRecord, TierCodecsAreBothFp16OrBothBlockCodes) {
+  CacheLayout L = distinctive_layout();
+  L.tier_key_codec = quant::Codec::kRvq4;
+  L.tier_value_codec = quant::Codec::kRvq4;
+  const std::vector<uint8_t> good = record_bytes(L, 5);
+  expect_layout_eq(L, read_record(good, 5));
+  std::vector<uint8_t> t = good;
+  t[106 - kLayoutAt] = 0;  // fp16 keys, rvq4 values
+  expect_error([&] { read_record(t, 5); },
+               "layout tier_key_codec fp16 and tier_value_codec rvq4 are not accepted (accepted: both fp16 (0)");
+  t = good;
+  t[107 - kLayoutAt] = 0;
+  expect_error([&] { read_record(t, 5); }, "tier_key_codec rvq4 and tier_value_codec fp16 are not accepted");
+  t = good;
+  t[106 - kLayoutAt] = 12;
+  expect_error([&] { read_record(t, 5); }, "layout tier_key_codec 12 is not accepted (accepted: fp16 (0)");
+  t = good;
+  t[107 - kLayoutAt] = 0xFF;
+  expect_error([&] { read_record(t, 5); }, "layout tier_value_codec 255 is not accepted");
+  t[106 - kLayoutAt] = 0;
+  t[107 - kLayoutAt] = 0;  // no code tier: a version-5 record may say so
+  L.tier_key_codec = L.tier_value_codec = quant::Codec::kFp16;
+  expect_layout_eq(L, read_record(t, 5));
+  // The writer refuses the same layouts.
+  L.tier_value_codec = quant::Codec::kE8P;
+  expect_error([&] { ent::validate_layout(L); }, "tier_key_codec fp16 and tier_value_codec e8p2 are not accepted");
 }
 
 // Every byte no field of the version covers must be 0.
@@ -251,12 +328,19 @@ TEST(ContainerLayoutRecord, ReservedBytesMustBeZero) {
     expect_error([&] { read_record(t, 1); }, "reserved byte " + std::to_string(at - kLayoutAt),
                  "offset " + std::to_string(at));
   }
-  const std::vector<uint8_t> v2 = record_bytes(L, 2);
-  for (size_t at : {size_t{71}, size_t{106}, size_t{107}}) {
-    std::vector<uint8_t> t = v2;
-    t[at - kLayoutAt] = 0x80;
-    expect_error([&] { read_record(t, 2); }, "reserved byte", "offset " + std::to_string(at));
+  for (uint16_t version = 2; version <= 4; ++version) {
+    const std::vector<uint8_t> v = record_bytes(L, version);
+    for (size_t at : {size_t{71}, size_t{106}, size_t{107}}) {
+      std::vector<uint8_t> t = v;
+      t[at - kLayoutAt] = 0x03;  // rvq4's id: a tier codec in a version without the code tier
+      expect_error([&] { read_record(t, version); }, "reserved byte",
+                   "offset " + std::to_string(at) + " version " + std::to_string(version));
+    }
   }
+  const std::vector<uint8_t> v5 = record_bytes(L, 5);
+  std::vector<uint8_t> t = v5;
+  t[71 - kLayoutAt] = 1;
+  expect_error([&] { read_record(t, 5); }, "reserved byte 23");
 }
 
 // Random valid layouts (every field anywhere in its accepted range) survive write -> read at the
@@ -305,6 +389,10 @@ TEST(ContainerLayoutRecord, RandomValidLayoutsRoundTrip) {
     L.query_weighted_keys = pick(2) == 1;
     L.gain_bits = pick(2) == 0 ? 8 : 16;
     L.softmax_scale = static_cast<float>(real());
+    if (pick(2) == 1) {  // a code tier: two block codes
+      L.tier_key_codec = static_cast<quant::Codec>(1 + pick(quant::kCodecCount - 1));
+      L.tier_value_codec = static_cast<quant::Codec>(1 + pick(quant::kCodecCount - 1));
+    }
     ASSERT_NO_THROW(ent::validate_layout(L)) << "layout " << i;
     for (uint16_t v = ent::format_version_for(L); v <= ent::kFormatVersion; ++v) {
       const CacheLayout back = read_record(record_bytes(L, v), v);

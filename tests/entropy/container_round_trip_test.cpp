@@ -12,6 +12,7 @@
 
 #include "e8kv/version.hpp"
 #include "entropy/container_test_util.hpp"
+#include "testing/cache_digest.hpp"
 
 namespace {
 
@@ -119,6 +120,151 @@ TEST(ContainerRoundTrip, EightBitGains) {
         expect_layer_eq(slice(full, l, 20, 61), ent::deserialize_tokens(b2.data(), b2.size(), l, 20, 61), "partial");
       ++i;
     }
+}
+
+// ---- the code tier (format version 5) -------------------------------------------------------------------
+
+// A cache with a code tier from two compress calls (a prefill of `first` tokens, then extend() with
+// the rest, which promotes its own tokens after the first chunk's), then `appended` tokens.
+Made make_tier_cache(const std::string& spec, const synth::SyntheticSpec& s, int first, int appended) {
+  Made m;
+  m.kv = synth::make_synthetic_kv(s);
+  const Config cfg = Config::parse(spec + ",mean_tokens=8");
+  m.compressor = std::make_unique<KVCompressor>(ModelShape{s.n_layers, s.n_kv_heads, s.n_q_heads, s.head_dim}, cfg);
+  const int prefill = s.tokens - appended;
+  SequenceKV a, b;
+  std::vector<LayerQueries> qs;
+  for (int l = 0; l < s.n_layers; ++l) {
+    const size_t li = static_cast<size_t>(l);
+    const TensorView k = TensorView::nhd(m.kv.keys[li].data(), DType::kF32, prefill, s.n_kv_heads, s.head_dim);
+    const TensorView v = TensorView::nhd(m.kv.values[li].data(), DType::kF32, prefill, s.n_kv_heads, s.head_dim);
+    a.layers.push_back({k.token_slice(0, first), v.token_slice(0, first)});
+    b.layers.push_back({k.token_slice(first, prefill - first), v.token_slice(first, prefill - first)});
+    qs.push_back({TensorView::nhd(m.kv.queries[li].data(), DType::kF32, s.obs_window, s.n_q_heads, s.head_dim),
+                  m.kv.query_positions.data()});
+  }
+  b.first_position = first;
+  m.cache = m.compressor->compress(a, &qs);
+  m.compressor->extend(m.cache, b, &qs);
+  const size_t row = static_cast<size_t>(s.n_kv_heads) * static_cast<size_t>(s.head_dim);
+  for (int t = prefill; t < s.tokens; ++t)
+    for (int l = 0; l < s.n_layers; ++l)
+      m.compressor->append(m.cache, l, &m.kv.keys[static_cast<size_t>(l)][t * row],
+                           &m.kv.values[static_cast<size_t>(l)][t * row], t);
+  return m;
+}
+
+// Caches with a code tier are written as version 5 and come back field by field (tier positions,
+// codes and fp16 gains included), with equal content digests and attention; shared and per-head
+// position sets, with and without eviction, 8- and 16-bit main gains, two tier codec pairs, an
+// fp16 tier beside it; any chunk size (chunks then hold coded, tier and window rows together).
+TEST(ContainerRoundTrip, CodeTierUsesVersion5AndLosesNothing) {
+  const char* specs[] = {
+      "preset=quant-k3v2,code_tier=0.15",
+      "preset=quant-k3v2,code_tier=0.15,per_head=1",
+      "preset=quant-k3v2,code_tier=0.15,evict=0.3",
+      "preset=quant-k3v2,code_tier=0.15,evict=0.3,per_head=1",
+      "preset=quant-k3v2,code_tier=0.2,tier_key=rvq3,tier_value=rvq4",
+      "preset=quant-k3v2,code_tier=0.1,fp16_tier=0.05,gain_bits=16,qweight=0,evict=0.3",
+  };
+  int i = 0;
+  for (const char* spec_head : specs) {
+    const std::string spec = std::string(spec_head) + ",residual=5,recent=8,sinks=2";
+    SCOPED_TRACE(spec);
+    const Made m = make_tier_cache(spec, small_spec(2, 2, 4, 64, 170, 900 + static_cast<uint64_t>(i)), 90, 13);
+    const CacheLayout& L = m.cache.layout();
+    ASSERT_TRUE(L.has_code_tier());
+    for (int l = 0; l < 2; ++l) {
+      ASSERT_TRUE(L.layer_has_code_tier(l));
+      for (int h = 0; h < 2; ++h) {
+        const int64_t n = m.cache.tier_tokens(l, h);
+        ASSERT_GT(n, 0) << "layer " << l << " head " << h;
+        const auto& hd = m.cache.layer(l).heads[static_cast<size_t>(h)];
+        ASSERT_EQ(hd.tier_key_gains.size(), static_cast<size_t>(n));  // fp16, whatever gain_bits says
+        ASSERT_EQ(hd.tier_value_codes.size(),
+                  static_cast<size_t>(n) * m.cache.codecs().tier_code_bytes(KvKind::kValue));
+      }
+    }
+    // Tier tokens from both chunks: some sit after a coded token of the second chunk's.
+    ASSERT_LT(m.cache.tier_positions(1, 0).front(), m.cache.positions(1, 0).back());
+    if (L.gain_bits == 8) {
+      ASSERT_FALSE(m.cache.layer(1).heads[0].key_gain_codes.empty());
+    }
+    if (L.per_head_positions) {
+      EXPECT_NE(m.cache.tier_positions(1, 0), m.cache.tier_positions(1, 1)) << "the heads' sets differ";
+    }
+    const auto bytes = ent::serialize(m.cache);
+    const auto info = ent::read_info(bytes.data(), bytes.size());
+    EXPECT_EQ(info.format_version, 5);
+    for (int l = 0; l < 2; ++l)
+      for (size_t s = 0; s < L.position_sets(); ++s)
+        EXPECT_EQ(info.layers[static_cast<size_t>(l)].tier_tokens[s], m.cache.tier_tokens(l, static_cast<int>(s)));
+    const CompressedKV back = deser(bytes);
+    EXPECT_EQ(test::cache_digest_v5(back), test::cache_digest_v5(m.cache));
+    round_trip(m.cache, ent::ContainerOptions{}, 900 + static_cast<uint64_t>(i));
+    for (int chunk : {1, 9, 40}) {
+      ent::ContainerOptions o;
+      o.chunk_tokens = chunk;
+      o.adaptive = chunk == 40;
+      round_trip(m.cache, o, 950 + static_cast<uint64_t>(i));
+    }
+    ++i;
+  }
+}
+
+// A decode node that reads a tier cache with its compressor's codecs goes on exactly like the
+// original: appends (which never promote) and a later extend (which does).
+TEST(ContainerRoundTrip, CodeTierCacheReadBackExtendsLikeTheOriginal) {
+  const synth::SyntheticSpec s = small_spec(2, 2, 4, 64, 160, 931);
+  Made m = make_tier_cache("preset=quant-k3v2,code_tier=0.15,evict=0.3,residual=5,recent=8,sinks=2", s, 60, 0);
+  ent::DeserializeOptions o;
+  o.codecs = m.cache.shared_codecs();
+  CompressedKV back = deser(ent::serialize(m.cache), o);
+  // Extend both with more tokens (a fresh synthetic sequence's, at later positions) and compare.
+  const synth::SyntheticKV more = synth::make_synthetic_kv(small_spec(2, 2, 4, 64, 60, 932));
+  SequenceKV chunk;
+  std::vector<LayerQueries> qs;
+  std::vector<int32_t> qpos;
+  for (int32_t p : more.query_positions) qpos.push_back(p + 160);
+  for (int l = 0; l < 2; ++l) {
+    const size_t li = static_cast<size_t>(l);
+    chunk.layers.push_back({TensorView::nhd(more.keys[li].data(), DType::kF32, 60, 2, 64),
+                            TensorView::nhd(more.values[li].data(), DType::kF32, 60, 2, 64)});
+    qs.push_back({TensorView::nhd(more.queries[li].data(), DType::kF32, s.obs_window, 4, 64), qpos.data()});
+  }
+  chunk.first_position = 160;
+  const int64_t tier_before = m.cache.tier_tokens(1);
+  m.compressor->extend(m.cache, chunk, &qs);
+  m.compressor->extend(back, chunk, &qs);
+  EXPECT_GT(m.cache.tier_tokens(1), tier_before) << "the extend promoted tokens of its own";
+  expect_cache_eq(m.cache, back);
+  std::vector<float> k(2 * 64, 0.25f), v(2 * 64, -0.5f);
+  for (int t = 220; t < 240; ++t)
+    for (int l = 0; l < 2; ++l) {
+      m.compressor->append(m.cache, l, k.data(), v.data(), t);
+      m.compressor->append(back, l, k.data(), v.data(), t);
+    }
+  expect_cache_eq(m.cache, back);
+  round_trip(back, ent::ContainerOptions{}, 933);
+}
+
+// The version-5 digest covers what the code tier adds (and the version-2 digest does not), so a
+// golden file's digest would catch a reader that loses a tier field.
+TEST(ContainerRoundTrip, DigestV5CoversTheCodeTier) {
+  const Made m = make_cache("preset=quant-k3v2,code_tier=0.2", small_spec(2, 2, 4, 64, 80, 941));
+  ASSERT_GT(m.cache.tier_tokens(0), 0);
+  const std::string v5 = test::cache_digest_v5(m.cache), v2 = test::cache_digest_v2(m.cache);
+  auto changed = [&](auto&& edit, const char* what) {
+    CompressedKV c = m.cache;
+    edit(e8kv::detail::CacheStorage::layer(c, 0));
+    EXPECT_NE(test::cache_digest_v5(c), v5) << what;
+    EXPECT_EQ(test::cache_digest_v2(c), v2) << what;
+  };
+  changed([](LayerData& ld) { ld.tier_positions[0].back() += 1; }, "tier position");
+  changed([](LayerData& ld) { ld.heads[1].tier_key_codes[3] ^= 1; }, "tier key code");
+  changed([](LayerData& ld) { ld.heads[0].tier_value_codes.back() ^= 0x80; }, "tier value code");
+  changed([](LayerData& ld) { ld.heads[1].tier_key_gains[0] ^= 1; }, "tier key gain");
+  changed([](LayerData& ld) { ld.heads[0].tier_value_gains.back() ^= 1; }, "tier value gain");
 }
 
 TEST(ContainerRoundTrip, EveryPresetWithEvictionAndWindows) {
@@ -269,8 +415,12 @@ TEST(ContainerRoundTrip, ReusesGivenCodecsSoTheCompressorCanAppend) {
 
 // ---- partial reads ------------------------------------------------------------------------------------
 
+// Stored tokens of a set are its coded tokens, then its code-tier tokens (version 5), then its
+// window: ranges across both boundaries, in every layer, shared and per-head sets.
 TEST(ContainerPartialRead, LayersAndTokenRangesEqualTheFullRead) {
-  for (const char* spec : {"preset=high,residual=6,flush=8", "key=ball4,value=e8p2,evict=0.3,per_head=1,residual=3"}) {
+  for (const char* spec : {"preset=high,residual=6,flush=8", "key=ball4,value=e8p2,evict=0.3,per_head=1,residual=3",
+                           "preset=quant-k3v2,code_tier=0.2,evict=0.3,residual=6",
+                           "preset=quant-k3v2,code_tier=0.2,fp16_tier=0.05,per_head=1,residual=3"}) {
     SCOPED_TRACE(spec);
     const Made m = make_cache(spec, small_spec(3, 2, 4, 64, 150, 31), 13);
     ent::ContainerOptions o;
@@ -280,12 +430,33 @@ TEST(ContainerPartialRead, LayersAndTokenRangesEqualTheFullRead) {
     const auto info = ent::read_info(bytes.data(), bytes.size());
     for (int l = 0; l < 3; ++l) {
       expect_layer_eq(full.layer(l), ent::deserialize_layer(bytes.data(), bytes.size(), l), "layer " + std::to_string(l));
-      const int64_t n = std::max(info.layers[static_cast<size_t>(l)].coded_tokens[0] + info.layers[static_cast<size_t>(l)].window_tokens[0],
-                                 info.layers[static_cast<size_t>(l)].coded_tokens.back() +
-                                     info.layers[static_cast<size_t>(l)].window_tokens.back());
-      const std::vector<std::pair<int64_t, int64_t>> ranges = {
-          {0, 0}, {0, 1}, {0, 16}, {5, 70}, {15, 17}, {16, 32}, {n - 3, n}, {n - 1, n + 50}, {n, n + 5}, {n + 100, n + 200},
-          {0, std::numeric_limits<int64_t>::max()}, {33, 34}};
+      const auto& li = info.layers[static_cast<size_t>(l)];
+      ASSERT_EQ(li.tier_tokens.size(), li.coded_tokens.size());
+      int64_t n = 0;
+      for (size_t s = 0; s < li.coded_tokens.size(); ++s)
+        n = std::max(n, li.coded_tokens[s] + li.tier_tokens[s] + li.window_tokens[s]);
+      const int64_t c = li.coded_tokens.back(), ct = c + li.tier_tokens.back();  // the last set's boundaries
+      if (m.cache.layout().has_code_tier()) {
+        ASSERT_GT(li.tier_tokens.back(), 1) << "layer " << l;
+      }
+      const std::vector<std::pair<int64_t, int64_t>> ranges = {{0, 0},
+                                                               {0, 1},
+                                                               {0, 16},
+                                                               {5, 70},
+                                                               {15, 17},
+                                                               {16, 32},
+                                                               {n - 3, n},
+                                                               {n - 1, n + 50},
+                                                               {n, n + 5},
+                                                               {n + 100, n + 200},
+                                                               {0, std::numeric_limits<int64_t>::max()},
+                                                               {33, 34},
+                                                               {c - 1, c + 1},
+                                                               {c, ct},
+                                                               {c + 1, ct - 1},
+                                                               {ct - 1, ct + 2},
+                                                               {ct, ct + 3},
+                                                               {c - 2, ct + 2}};
       for (const auto& [b, e] : ranges) {
         if (b < 0 || b > e) continue;
         const LayerData part = ent::deserialize_tokens(bytes.data(), bytes.size(), l, b, e);

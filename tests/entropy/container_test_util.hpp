@@ -67,7 +67,8 @@ inline Made make_cache(const std::string& spec, const synth::SyntheticSpec& s, i
     qs.push_back({TensorView::nhd(m.kv.queries[static_cast<size_t>(l)].data(), DType::kF32, w, s.n_q_heads, s.head_dim),
                   m.kv.query_positions.data()});
   }
-  m.cache = m.compressor->compress(seq, cfg.eviction_rate > 0 || cfg.fp16_tier > 0 || with_queries ? &qs : nullptr);
+  m.cache = m.compressor->compress(
+      seq, cfg.eviction_rate > 0 || cfg.fp16_tier > 0 || cfg.code_tier > 0 || with_queries ? &qs : nullptr);
   const size_t row = static_cast<size_t>(s.n_kv_heads) * static_cast<size_t>(s.head_dim);
   for (int t = prefill; t < s.tokens; ++t)
     for (int l = 0; l < s.n_layers; ++l)
@@ -88,6 +89,8 @@ inline void expect_layout_eq(const CacheLayout& a, const CacheLayout& b) {
   EXPECT_EQ(a.head_dim, b.head_dim);
   EXPECT_EQ(a.key_codec, b.key_codec);
   EXPECT_EQ(a.value_codec, b.value_codec);
+  EXPECT_EQ(a.tier_key_codec, b.tier_key_codec);
+  EXPECT_EQ(a.tier_value_codec, b.tier_value_codec);
   EXPECT_EQ(a.key_gain, b.key_gain);
   EXPECT_EQ(a.value_gain, b.value_gain);
   EXPECT_TRUE(same_bits(a.key_scale, b.key_scale));
@@ -123,6 +126,7 @@ inline void expect_layer_eq(const LayerData& a, const LayerData& b, const std::s
   EXPECT_EQ(a.pinned, b.pinned) << where;
   EXPECT_EQ(a.positions, b.positions) << where;
   EXPECT_EQ(a.window_positions, b.window_positions) << where;
+  EXPECT_EQ(a.tier_positions, b.tier_positions) << where;
   ASSERT_EQ(a.heads.size(), b.heads.size()) << where;
   for (size_t h = 0; h < a.heads.size(); ++h) {
     const auto& x = a.heads[h];
@@ -140,6 +144,10 @@ inline void expect_layer_eq(const LayerData& a, const LayerData& b, const std::s
     EXPECT_EQ(x.value_gain_codes, y.value_gain_codes) << where << " head " << h;
     EXPECT_EQ(x.key_gain_ref, y.key_gain_ref) << where << " head " << h;
     EXPECT_EQ(x.value_gain_ref, y.value_gain_ref) << where << " head " << h;
+    EXPECT_EQ(x.tier_key_codes, y.tier_key_codes) << where << " head " << h;
+    EXPECT_EQ(x.tier_value_codes, y.tier_value_codes) << where << " head " << h;
+    EXPECT_EQ(x.tier_key_gains, y.tier_key_gains) << where << " head " << h;
+    EXPECT_EQ(x.tier_value_gains, y.tier_value_gains) << where << " head " << h;
   }
   EXPECT_EQ(a.query_energy, b.query_energy) << where;
 }
@@ -185,7 +193,8 @@ inline void expect_same_attention(const CompressedKV& a, const CompressedKV& b, 
   }
 }
 
-// Stored tokens [b, e) of every set of a layer (the documented meaning of deserialize_tokens).
+// Stored tokens [b, e) of every set of a layer (the documented meaning of deserialize_tokens:
+// coded tokens, then code-tier tokens, then window tokens).
 inline LayerData slice(const CompressedKV& c, int l, int64_t b, int64_t e) {
   const CacheLayout& L = c.layout();
   const LayerData& ld = c.layer(l);
@@ -195,24 +204,32 @@ inline LayerData slice(const CompressedKV& c, int l, int64_t b, int64_t e) {
   const size_t sets = ld.positions.size();
   out.positions.resize(sets);
   out.window_positions.resize(sets);
+  out.tier_positions.resize(sets);
   out.heads.resize(ld.heads.size());
   const size_t kcb = c.codecs().key_quantizer(l).code_bytes(), vcb = c.codecs().value_quantizer(l).code_bytes();
+  const size_t tkcb = c.codecs().tier_code_bytes(KvKind::kKey), tvcb = c.codecs().tier_code_bytes(KvKind::kValue);
   const size_t d = static_cast<size_t>(L.head_dim);
   struct Range {
-    int64_t c0, c1, w0, w1;
+    int64_t c0, c1, t0, t1, w0, w1;
   };
   std::vector<Range> ranges(sets);
+  static const std::vector<int32_t> kNoTier;
   for (size_t s = 0; s < sets; ++s) {
+    const std::vector<int32_t>& tier = s < ld.tier_positions.size() ? ld.tier_positions[s] : kNoTier;
     const int64_t C = static_cast<int64_t>(ld.positions[s].size());
-    const int64_t N = C + static_cast<int64_t>(ld.window_positions[s].size());
+    const int64_t CT = C + static_cast<int64_t>(tier.size());
+    const int64_t N = CT + static_cast<int64_t>(ld.window_positions[s].size());
     const int64_t lo = std::min(b, N), hi = std::min(e, N);
-    ranges[s] = {std::min(lo, C), std::min(hi, C), std::max(lo, C) - C, std::max(hi, C) - C};
+    auto clamp = [](int64_t x, int64_t a, int64_t z) { return std::min(std::max(x, a), z); };
+    ranges[s] = {std::min(lo, C),      std::min(hi, C),       clamp(lo, C, CT) - C,
+                 clamp(hi, C, CT) - C, std::max(lo, CT) - CT, std::max(hi, CT) - CT};
     out.positions[s].assign(ld.positions[s].begin() + ranges[s].c0, ld.positions[s].begin() + ranges[s].c1);
+    out.tier_positions[s].assign(tier.begin() + ranges[s].t0, tier.begin() + ranges[s].t1);
     out.window_positions[s].assign(ld.window_positions[s].begin() + ranges[s].w0,
                                    ld.window_positions[s].begin() + ranges[s].w1);
   }
   for (size_t h = 0; h < ld.heads.size(); ++h) {
-    const auto [c0, c1, w0, w1] = ranges[sets == 1 ? 0 : h];
+    const auto [c0, c1, t0, t1, w0, w1] = ranges[sets == 1 ? 0 : h];
     const auto& x = ld.heads[h];
     auto& y = out.heads[h];
     y.key_codes.assign(x.key_codes.begin() + c0 * static_cast<int64_t>(kcb), x.key_codes.begin() + c1 * static_cast<int64_t>(kcb));
@@ -225,6 +242,14 @@ inline LayerData slice(const CompressedKV& c, int l, int64_t b, int64_t e) {
       y.value_gain_codes.assign(x.value_gain_codes.begin() + c0, x.value_gain_codes.begin() + c1);
     y.key_gain_ref = x.key_gain_ref;
     y.value_gain_ref = x.value_gain_ref;
+    if (t1 > t0) {
+      y.tier_key_codes.assign(x.tier_key_codes.begin() + t0 * static_cast<int64_t>(tkcb),
+                              x.tier_key_codes.begin() + t1 * static_cast<int64_t>(tkcb));
+      y.tier_value_codes.assign(x.tier_value_codes.begin() + t0 * static_cast<int64_t>(tvcb),
+                                x.tier_value_codes.begin() + t1 * static_cast<int64_t>(tvcb));
+      y.tier_key_gains.assign(x.tier_key_gains.begin() + t0, x.tier_key_gains.begin() + t1);
+      y.tier_value_gains.assign(x.tier_value_gains.begin() + t0, x.tier_value_gains.begin() + t1);
+    }
     y.window_keys.assign(x.window_keys.begin() + w0 * static_cast<int64_t>(d), x.window_keys.begin() + w1 * static_cast<int64_t>(d));
     y.window_values.assign(x.window_values.begin() + w0 * static_cast<int64_t>(d),
                            x.window_values.begin() + w1 * static_cast<int64_t>(d));

@@ -67,26 +67,62 @@ inline std::string cache_digest(const CompressedKV& cache) {
   return d.hex();
 }
 
-/// Digest of a whole cache's data including what format version 2 adds: per head the key channel
-/// scales, the 8-bit gain codes and their references, per layer the pending query energies
-/// (golden files of version 2 record this one; cache_digest stays what version-1 files record).
+/// What format version 2 adds to a layer: per head the key channel scales, the 8-bit gain codes
+/// and their references, then the pending query energies.
+inline void add_layer_v2(Digest& d, const CompressedKV::LayerData& ld) {
+  for (const auto& h : ld.heads) {
+    d.add_vector(h.key_channel_scale);
+    d.add_vector(h.key_gain_codes);
+    d.add_vector(h.value_gain_codes);
+    d.add_u64(h.key_gain_ref);
+    d.add_u64(h.value_gain_ref);
+  }
+  d.add_u64(ld.query_energy.size());
+  for (const auto& e : ld.query_energy) d.add_vector(e);
+}
+
+/// What format version 5 adds to a layer: the code tier, per set its positions, per head its
+/// codes and fp16 gains.
+inline void add_layer_v5(Digest& d, const CompressedKV::LayerData& ld) {
+  d.add_u64(ld.tier_positions.size());
+  for (const auto& t : ld.tier_positions) d.add_vector(t);
+  for (const auto& h : ld.heads) {
+    d.add_vector(h.tier_key_codes);
+    d.add_vector(h.tier_value_codes);
+    d.add_vector(h.tier_key_gains);
+    d.add_vector(h.tier_value_gains);
+  }
+}
+
+/// Digest of a whole cache's data including what format version 2 adds (golden files of versions
+/// 2 to 4 record this one; cache_digest stays what version-1 files record).
 inline std::string cache_digest_v2(const CompressedKV& cache) {
   Digest d;
   d.add_u64(static_cast<uint64_t>(cache.n_layers()));
   for (int l = 0; l < cache.n_layers(); ++l) {
-    const CompressedKV::LayerData& ld = cache.layer(l);
-    add_layer(d, ld);
-    for (const auto& h : ld.heads) {
-      d.add_vector(h.key_channel_scale);
-      d.add_vector(h.key_gain_codes);
-      d.add_vector(h.value_gain_codes);
-      d.add_u64(h.key_gain_ref);
-      d.add_u64(h.value_gain_ref);
-    }
-    d.add_u64(ld.query_energy.size());
-    for (const auto& e : ld.query_energy) d.add_vector(e);
+    add_layer(d, cache.layer(l));
+    add_layer_v2(d, cache.layer(l));
   }
   return d.hex();
+}
+
+/// Digest of a whole cache's data including what format versions 2 and 5 add (golden files of
+/// version 5 record this one).
+inline std::string cache_digest_v5(const CompressedKV& cache) {
+  Digest d;
+  d.add_u64(static_cast<uint64_t>(cache.n_layers()));
+  for (int l = 0; l < cache.n_layers(); ++l) {
+    add_layer(d, cache.layer(l));
+    add_layer_v2(d, cache.layer(l));
+    add_layer_v5(d, cache.layer(l));
+  }
+  return d.hex();
+}
+
+/// The digest golden files of format `version` record (tests/data/golden.txt).
+inline std::string cache_digest_for_version(const CompressedKV& cache, int version) {
+  if (version == 1) return cache_digest(cache);
+  return version < 5 ? cache_digest_v2(cache) : cache_digest_v5(cache);
 }
 
 /// Digest of a plain cache (dtype, shape, elements).

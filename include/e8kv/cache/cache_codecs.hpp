@@ -38,6 +38,9 @@ class CacheCodecs {
   const CacheLayout& layout() const { return layout_; }
   const quant::VectorQuantizer& key_quantizer(int layer) const { return key_q_[static_cast<size_t>(layer)]; }
   const quant::VectorQuantizer& value_quantizer(int layer) const { return value_q_[static_cast<size_t>(layer)]; }
+  /// The code tier's quantizer of a kind (an fp16 one when the layout has no code tier).
+  const quant::VectorQuantizer& tier_quantizer(KvKind kind) const { return tier_q_[static_cast<size_t>(kind)]; }
+  size_t tier_code_bytes(KvKind kind) const { return tier_quantizer(kind).code_bytes(); }
   /// Randomized Hadamard of (layer, head) for keys (kind 0) or values (kind 1).
   const transform::RandomizedHadamard& rotation(int layer, int head, int kind) const;
   const transform::RandomizedHadamard& rotation(int layer, int head, KvKind kind) const {
@@ -59,6 +62,15 @@ class CacheCodecs {
   void decode(int layer, int head, KvKind kind, size_t n, const uint8_t* codes, const float* gains,
               const int32_t* positions, const HeadState& state, float* out) const;
   const transform::Rope& rope() const { return *rope_; }
+  /// Encodes n code-tier vectors of (layer, head, kind) given as fp16 rows (keys post-RoPE):
+  /// rotated by the same randomized Hadamard as the layer's codes, coded as they are (no RoPE
+  /// step, no centring, no channel scales: CacheLayout::tier_key_codec) with fp16 gains.
+  /// codes: n·tier_code_bytes(kind). Throws e8kv::Error without a code tier in `layer`.
+  void encode_tier(int layer, int head, KvKind kind, size_t n, const uint16_t* rows, uint8_t* codes,
+                   uint16_t* gains) const;
+  /// The inverse: n vectors in the engine's basis (keys post-RoPE), n·head_dim floats.
+  void decode_tier(int layer, int head, KvKind kind, size_t n, const uint8_t* codes, const uint16_t* gains,
+                   float* out) const;
 
   /// Encodes one post-RoPE key into codes + gain. Block codecs go through
   /// quant::encode_key_vector (the same function the GPU encode kernel runs, so codes are
@@ -100,6 +112,7 @@ class CacheCodecs {
   CacheCodecs(CacheLayout layout, const CacheCodecs* rope_source);
   CacheLayout layout_;
   std::vector<quant::VectorQuantizer> key_q_, value_q_;
+  std::vector<quant::VectorQuantizer> tier_q_;  // [kind]
   std::vector<transform::RandomizedHadamard> rotations_;  // [layer][head][kind]
   std::unique_ptr<transform::Rope> rope_;
   int n_pairs_ = 0;

@@ -24,6 +24,14 @@ struct CacheLayout {
   int head_dim = 0;
   std::vector<quant::Codec> key_codec;    ///< per layer
   std::vector<quant::Codec> value_codec;  ///< per layer
+  /// The code tier (Config::code_tier): the codecs of the tokens a compress / extend chunk
+  /// promoted to a higher rate, stored as a second code stream per head (HeadData::tier_*).
+  /// kFp16 for both: the cache has no code tier. Tier keys are coded post-RoPE and tier vectors
+  /// uncentred, without channel scales (the tokens are coded when they arrive, before a layer's
+  /// means exist), with fp16 gains; a layer uses the tier only where it raises a rate
+  /// (layer_has_code_tier).
+  quant::Codec tier_key_codec = quant::Codec::kFp16;
+  quant::Codec tier_value_codec = quant::Codec::kFp16;
   quant::GainPolicy key_gain = quant::GainPolicy::kNormPreserving;
   quant::GainPolicy value_gain = quant::GainPolicy::kNormPreserving;
   float key_scale = 1.f;
@@ -63,10 +71,23 @@ struct CacheLayout {
   static constexpr size_t kLayerCodecBytes = 2;
   static constexpr size_t kLayerCountBytes = 16;
   static constexpr size_t kSetCountBytes = 16;
+  static constexpr size_t kSetTierCountBytes = 8;  ///< a set's tier token count (with a code tier)
   size_t position_sets() const { return per_head_positions ? static_cast<size_t>(n_kv_heads) : 1u; }
   size_t descriptor_bytes() const {
-    return kLayoutRecordBytes +
-           static_cast<size_t>(n_layers) * (kLayerCodecBytes + kLayerCountBytes + kSetCountBytes * position_sets());
+    const size_t per_set = kSetCountBytes + (has_code_tier() ? kSetTierCountBytes : 0);
+    return kLayoutRecordBytes + static_cast<size_t>(n_layers) * (kLayerCodecBytes + kLayerCountBytes + per_set * position_sets());
+  }
+  bool has_code_tier() const { return tier_key_codec != quant::Codec::kFp16 || tier_value_codec != quant::Codec::kFp16; }
+  /// Whether layer `l` codes its promoted tokens in the tier: the layout has one, the layer's own
+  /// codecs are block codes (a protected fp16 layer keeps every token exact), and the tier raises
+  /// the key or the value rate (a layer already at the tier's rates codes better without it:
+  /// centred, with channel scales). Elsewhere the promoted tokens stay in the layer's codes.
+  bool layer_has_code_tier(int l) const {
+    if (!has_code_tier() || l < 0 || l >= n_layers) return false;
+    const quant::Codec k = key_codec[static_cast<size_t>(l)], v = value_codec[static_cast<size_t>(l)];
+    if (k == quant::Codec::kFp16 || v == quant::Codec::kFp16) return false;
+    return quant::index_bits(tier_key_codec) > quant::index_bits(k) ||
+           quant::index_bits(tier_value_codec) > quant::index_bits(v);
   }
   float effective_softmax_scale() const;
 };

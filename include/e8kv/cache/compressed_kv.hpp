@@ -1,7 +1,7 @@
 // The compressed KV cache of one sequence: what attention reads.
 //
 // Per layer and KV head: the kept tokens' packed key codes and fp16 gains, packed value codes
-// and gains, and an fp16 window (post-RoPE keys, as given): pinned tokens kept in fp16 for good
+// and gains, the code tier's codes and gains (tokens promoted to a higher rate), and an fp16 window (post-RoPE keys, as given): pinned tokens kept in fp16 for good
 // (sinks, the fp16 tier of important tokens) and recent tokens that append() flushes into codes
 // in whole blocks. Positions are kept per layer (one set shared by
 // the KV heads) or per KV head. Keys are coded with RoPE removed by default; attention
@@ -65,6 +65,10 @@ class CompressedKV {
     std::vector<uint16_t> key_mean, value_mean;        ///< fp16 bits, head_dim each, once computed (centring)
     std::vector<uint16_t> key_channel_scale;           ///< fp16 bits, head_dim (query-weighted keys) or empty
     std::vector<uint8_t> key_gain_codes, value_gain_codes;  ///< coded tokens, when gain_bits == 8
+    /// The code tier (CacheLayout::tier_key_codec): its tokens' codes (tier tokens × the tier
+    /// codec's code bytes) and fp16 gains, empty without one.
+    std::vector<uint8_t> tier_key_codes, tier_value_codes;
+    std::vector<uint16_t> tier_key_gains, tier_value_gains;
     uint16_t key_gain_ref = 0, value_gain_ref = 0;     ///< fp16 references of the 8-bit gains (0: not set yet)
     /// The gains of the coded tokens as floats, whichever way they are stored.
     struct GainReader {
@@ -93,6 +97,9 @@ class CompressedKV {
   struct LayerData {
     std::vector<std::vector<int32_t>> positions;         ///< coded tokens: 1 shared set or one per head
     std::vector<std::vector<int32_t>> window_positions;  ///< residual window, same sets
+    /// Code-tier tokens, same sets: ascending, at any position (each compress / extend chunk's
+    /// promoted tokens follow the earlier chunks').
+    std::vector<std::vector<int32_t>> tier_positions;
     std::vector<HeadData> heads;
     int64_t original_tokens = 0;  ///< tokens ever given to this layer (before eviction)
     /// Leading window tokens kept in fp16 for good: attention sinks and the fp16 tier
@@ -109,7 +116,7 @@ class CompressedKV {
     int64_t last_position(size_t set) const;
   };
   struct ByteBreakdown {
-    size_t codes = 0, gains = 0, positions = 0, window = 0, means = 0, descriptor = 0;
+    size_t codes = 0, gains = 0, positions = 0, window = 0, means = 0, descriptor = 0;  ///< codes, gains: both tiers
     size_t pending_energy = 0;  ///< query energies waiting for the first flush (LayerData::query_energy)
     size_t total() const { return codes + gains + positions + window + means + descriptor + pending_energy; }
   };
@@ -129,7 +136,12 @@ class CompressedKV {
   const std::vector<int32_t>& window_positions(int layer, int head) const;
   int64_t coded_tokens(int layer, int head = 0) const { return static_cast<int64_t>(positions(layer, head).size()); }
   int64_t window_tokens(int layer, int head = 0) const { return static_cast<int64_t>(window_positions(layer, head).size()); }
-  int64_t stored_tokens(int layer, int head = 0) const { return coded_tokens(layer, head) + window_tokens(layer, head); }
+  /// Code-tier positions of head h's set (empty without a code tier).
+  const std::vector<int32_t>& tier_positions(int layer, int head) const;
+  int64_t tier_tokens(int layer, int head = 0) const { return static_cast<int64_t>(tier_positions(layer, head).size()); }
+  int64_t stored_tokens(int layer, int head = 0) const {
+    return coded_tokens(layer, head) + tier_tokens(layer, head) + window_tokens(layer, head);
+  }
   /// Tokens ever given (prefill + appended), taken as the largest over layers.
   int64_t original_tokens() const;
 

@@ -8,8 +8,8 @@
 // Layout: a header (magic, format and library version, the whole CacheLayout, a layer table and
 // a chunk directory; CRC-32C), then per layer chunks of `chunk_tokens` stored tokens, each with
 // its own header, length and CRC-32C, so one layer or one token range decodes alone. Inside a
-// chunk every stream (positions, key/value codes, gains, residual window) gets a reversible
-// transform (delta along tokens and/or byte planes) and then zstd.
+// chunk every stream (positions, key/value codes, gains, residual window, the code tier's codes
+// and gains) gets a reversible transform (delta along tokens and/or byte planes) and then zstd.
 //
 // Reading never trusts the input: every length, offset, count and enum is checked before use, a
 // damaged, truncated, oversized or version-mismatched input raises e8kv::Error naming what is
@@ -37,9 +37,11 @@ namespace e8kv::entropy {
 /// query-weighted keys and 8-bit gains (two layout bytes; per head the key channel scales, the
 /// pending query energies and the gain references); version 3 the RoPE-residual key frame
 /// (key-frame byte value 2); version 4 pinned fp16 window tokens at any position (the fp16 tier,
-/// Config::fp16_tier), where older versions pinned only tokens before every other. A cache is
-/// written at the lowest version that holds it, byte for byte as that version always wrote it.
-inline constexpr uint16_t kFormatVersion = 4;
+/// Config::fp16_tier), where older versions pinned only tokens before every other; version 5 the
+/// code tier (Config::code_tier: two layout bytes, a tier token count per position set, four
+/// streams per chunk). A cache is written at the lowest version that holds it, byte for byte as
+/// that version always wrote it.
+inline constexpr uint16_t kFormatVersion = 5;
 /// The 8 magic bytes at offset 0: 0x8B 'E' '8' 'K' 'V' '\r' '\n' 0x1A (a high-bit byte and a
 /// CR LF pair detect 7-bit and text-mode mangling, like PNG's signature).
 inline constexpr std::array<uint8_t, 8> kMagic = {0x8B, 'E', '8', 'K', 'V', '\r', '\n', 0x1A};
@@ -50,7 +52,8 @@ enum class ContainerKind : uint16_t {
   kPlain = 2,            ///< plain fp16/bf16 tensors [tokens, heads, head_dim] (lossless baseline)
 };
 
-/// Streams inside a chunk, in this order. Ids are part of the format: never renumber.
+/// Streams inside a chunk, in id order (a compressed cache's chunk: 1..7, and from format version
+/// 5 on 9..12 after them). Ids are part of the format: never renumber.
 enum class StreamKind : uint8_t {
   kPositions = 1,     ///< int32 positions of the chunk's stored tokens, per position set
   kKeyCodes = 2,      ///< key codes of every head (block-code indices, or fp16 for the fp16 codec)
@@ -60,8 +63,12 @@ enum class StreamKind : uint8_t {
   kWindowKeys = 6,    ///< residual window keys, fp16 bits
   kWindowValues = 7,
   kPlainValues = 8,   ///< plain container: fp16/bf16 elements
+  kTierKeyCodes = 9,  ///< version 5: the code tier's key codes (block-code indices)
+  kTierValueCodes = 10,
+  kTierKeyGains = 11,  ///< version 5: fp16 gain per tier key (always fp16)
+  kTierValueGains = 12,
 };
-inline constexpr int kStreamKindCount = 8;  ///< ids 1..8
+inline constexpr int kStreamKindCount = 12;  ///< ids 1..12
 const char* to_string(StreamKind s);
 
 /// A reversible, size-preserving transform applied to one stream before zstd (docs/format.md §3).
@@ -86,10 +93,11 @@ Transform transform_from_id(uint32_t id);
 struct StreamTransforms {
   Transform positions = Transform::kSubDeltaShuffle;
   /// Block-code indices of keys. Unset: xor-delta when keys are coded post-RoPE or uncentred
-  /// (their codes then repeat along tokens), none otherwise.
+  /// (their codes then repeat along tokens), none otherwise. Also the code tier's key codes,
+  /// whose keys are always coded post-RoPE and uncentred (unset: xor-delta).
   std::optional<Transform> key_codes;
-  Transform value_codes = Transform::kNone;  ///< block-code indices of values
-  Transform gains = Transform::kShuffle;  ///< fp16 gains (8-bit gain codes are stored untransformed)
+  Transform value_codes = Transform::kNone;  ///< block-code indices of values (both tiers)
+  Transform gains = Transform::kShuffle;  ///< fp16 gains, both tiers (8-bit gain codes are stored untransformed)
   Transform fp16 = Transform::kShuffle;  ///< residual windows, fp16-codec codes, plain fp16/bf16
 };
 
@@ -144,6 +152,7 @@ struct ContainerInfo {
     int64_t original_tokens = 0;
     int64_t pinned = 0;                  ///< leading window tokens of every set kept in fp16 (sinks)
     std::vector<int64_t> coded_tokens;   ///< per position set (1, or n_kv_heads)
+    std::vector<int64_t> tier_tokens;    ///< per position set: code-tier tokens (0 before version 5)
     std::vector<int64_t> window_tokens;  ///< per position set
     int64_t first_chunk = 0;             ///< index of its first chunk in the directory
     int64_t n_chunks = 0;
@@ -181,10 +190,11 @@ ContainerInfo read_info(const uint8_t* data, size_t size, const DeserializeOptio
 CompressedKV::LayerData deserialize_layer(const uint8_t* data, size_t size, int layer,
                                           const DeserializeOptions& options = {});
 /// Stored tokens [begin, end) of every position set of one layer (stored token i of a set is its
-/// i-th coded token, then its window tokens; end is clamped to each set's size). Only the chunks
-/// overlapping the range are read. original_tokens, pinned and the centring means are the
-/// layer's (window token i of a set is a pinned sink when i < pinned, counting from the window's
-/// start, not from the range's).
+/// i-th coded token, then its code-tier tokens, then its window tokens; end is clamped to each
+/// set's size). Only the chunks overlapping the range are read. original_tokens, pinned and the
+/// centring means are the layer's (window token i of a set is a pinned sink when i < pinned,
+/// counting from the window's start, not from the range's); tier_positions has one (possibly
+/// empty) vector per set, as positions.
 CompressedKV::LayerData deserialize_tokens(const uint8_t* data, size_t size, int layer, int64_t begin, int64_t end,
                                            const DeserializeOptions& options = {});
 
