@@ -140,7 +140,7 @@ void expect_error(F&& f, const std::string& needle, const std::string& context =
 
 TEST(ConfigDescribe, RoundTripsEveryPreset) {
   const std::vector<std::string> presets = preset_list();
-  EXPECT_EQ(presets.size(), 10u);
+  EXPECT_EQ(presets.size(), 12u);
   for (const auto& name : presets) {
     const Config c = Config::preset(name);
     const std::string d = c.describe();
@@ -154,7 +154,8 @@ TEST(ConfigDescribe, RoundTripsEveryPreset) {
 Config random_config(std::mt19937_64& rng, const ModelShape& shape) {
   auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<uint64_t>(n)); };
   auto real = [&](double lo, double hi) { return std::uniform_real_distribution<double>(lo, hi)(rng); };
-  Config c = Config::preset(preset_list()[static_cast<size_t>(pick(10))]);
+  const std::vector<std::string> presets = preset_list();
+  Config c = Config::preset(presets[static_cast<size_t>(pick(static_cast<int>(presets.size())))]);
   c.key_codec = static_cast<quant::Codec>(pick(quant::kCodecCount));
   c.value_codec = static_cast<quant::Codec>(pick(quant::kCodecCount));
   c.key_gain = static_cast<quant::GainPolicy>(pick(3));

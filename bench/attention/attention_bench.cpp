@@ -377,6 +377,11 @@ BENCHMARK_CAPTURE(attend_bench, k2v2_residual, std::string("preset=quant-k2v2,ro
     ->ArgNames({"tokens", "cold", "threads", "queries"})
     ->ArgsProduct({{4096, 32768}, {0, 1}, {1}, {1}})
     ->Unit(benchmark::kMillisecond);
+// The 5 % code tier: its tokens' 4-bit codes read in chunks of their own (compare k3v2_residual).
+BENCHMARK_CAPTURE(attend_bench, k3v2_code_tier, std::string("preset=quant-k3v2,rope=residual,code_tier=0.05"))
+    ->ArgNames({"tokens", "cold", "threads", "queries"})
+    ->ArgsProduct({{4096, 32768}, {0, 1}, {1}, {1}})
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(attend_bench, k4v4_residual, std::string("preset=quant-k4v4,rope=residual"))
     ->ArgNames({"tokens", "cold", "threads", "queries"})
     ->Args({32768, 1, 1, 1})

@@ -77,6 +77,8 @@ std::vector<ConfigSpec> config_list(bool ablations) {
       {"e8kv quant-k4v2", "preset=quant-k4v2"},
       {"e8kv quant-k3v2", "preset=quant-k3v2"},
       {"e8kv quant-k2v2", "preset=quant-k2v2"},
+      {"e8kv tier-k3v2", "preset=tier-k3v2"},
+      {"e8kv tier-k2v2", "preset=tier-k2v2"},
       {"e8kv high", "preset=high"},
       {"e8kv asym", "preset=asym"},
       {"e8kv balanced", "preset=balanced"},

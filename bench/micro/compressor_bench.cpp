@@ -109,5 +109,8 @@ BENCHMARK(BM_CompressBudget2p5Queries)->Unit(benchmark::kMillisecond);
 // The 1 % fp16 tier: the observation-window scorer picks its tokens (what an evicting preset runs).
 void BM_CompressK3V2Fp16TierQueries(benchmark::State& state) { compress_with_queries(state, "preset=quant-k3v2,fp16_tier=0.01"); }
 BENCHMARK(BM_CompressK3V2Fp16TierQueries)->Unit(benchmark::kMillisecond);
+// The 5 % code tier: the same scorer, and its tokens coded with rvq4 in a stream of their own.
+void BM_CompressK3V2CodeTierQueries(benchmark::State& state) { compress_with_queries(state, "preset=quant-k3v2,code_tier=0.05"); }
+BENCHMARK(BM_CompressK3V2CodeTierQueries)->Unit(benchmark::kMillisecond);
 
 }  // namespace

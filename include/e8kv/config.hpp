@@ -69,9 +69,9 @@ struct Config {
   /// The code tier (per-token rates): the next this fraction of each compress / extend chunk's
   /// tokens by the same scores (after the fp16 tier's, the same candidates) is coded with
   /// tier_key_codec / tier_value_codec (4 bits by default) in a second code stream per head,
-  /// while the other kept tokens get the layer's codes. Per token a 4-bit row costs about a
-  /// ninth of an fp16 row's extra bytes over K3V2's, so at equal bytes it reaches nine times the
-  /// tokens (docs/accuracy.md, "The code tier"). Only in layers where it raises a rate
+  /// while the other kept tokens get the layer's codes. Per token a 4-bit row costs an eighth
+  /// (K3V2) to a sixth (K2V2) of an fp16 row's extra bytes, so at equal bytes it reaches six to
+  /// eight times the tokens (docs/accuracy.md, "The code tier"). Only in layers where it raises a rate
   /// (CacheLayout::layer_has_code_tier); appended tokens are not promoted. 0 (off) to below 1;
   /// fp16_tier + code_tier below 1. The paged GPU layout refuses caches with a code tier.
   double code_tier = 0.0;
@@ -128,8 +128,10 @@ struct Config {
 
   float softmax_scale = 0.f;  ///< scale of q·k; <= 0 means 1/sqrt(head_dim)
 
-  /// Named presets: lossless, quant-k4v4, quant-k3v3, quant-k4v2, quant-k3v2, quant-k2v2, high,
-  /// asym, balanced, max. (K3V3 and K4V4: at equal bits, balanced rates beat K4V2 on SmolLM2.)
+  /// Named presets: lossless, quant-k4v4, quant-k3v3, quant-k4v2, quant-k3v2, quant-k2v2,
+  /// tier-k3v2, tier-k2v2 (quant-k3v2 / quant-k2v2 with a 5 % code tier: compress() needs the
+  /// observation queries), high, asym, balanced, max. (K3V3 and K4V4: at equal bits, balanced
+  /// rates beat K4V2 on SmolLM2.)
   static Config preset(const std::string& name);
   static const char* preset_names();
   /// Reads a spec string: comma-separated key=value items, "preset=NAME" first wherever it

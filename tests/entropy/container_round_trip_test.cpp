@@ -278,13 +278,16 @@ TEST(ContainerRoundTrip, EveryPresetWithEvictionAndWindows) {
     const Made m = make_cache(spec, small_spec(3, 2, 4, 64, 160, 200 + static_cast<uint64_t>(i)), 21);
     EXPECT_GT(m.cache.window_tokens(1), 0) << "the test wants a residual window";
     EXPECT_GT(m.cache.coded_tokens(1), 0) << "the test wants coded tokens";
+    if (name.rfind("tier-", 0) == 0) {
+      EXPECT_GT(m.cache.tier_tokens(1), 0) << "the tier presets promote tokens";
+    }
     round_trip(m.cache, ent::ContainerOptions{}, static_cast<uint64_t>(i));
     ent::ContainerOptions small;
     small.chunk_tokens = 7;
     round_trip(m.cache, small, static_cast<uint64_t>(i));
     ++i;
   }
-  EXPECT_EQ(i, 10);
+  EXPECT_EQ(i, 12);
 }
 
 TEST(ContainerRoundTrip, PerHeadPositionsPostRopeScaledRopeHeadDims) {
