@@ -120,7 +120,9 @@ int write_seed_corpus(const std::string& dir) {
     adaptive.adaptive = true;
     w.add("perhead-yarn", entropy::serialize(make_cache(spec(32, 128, 200), cfg, 4), adaptive));
   }
-  // Version 4: an fp16 tier (pinned tokens among the coded ones), shared and per-head sets.
+  // Version 4: an fp16 tier (pinned tokens among the coded ones), shared and per-head sets. Seeds
+  // of their own (not the preset loop's count), chosen so the tier sits among coded tokens.
+  seed = 130;
   for (const char* tail : {"", ",per_head=1,evict=0.3"}) {
     const Config cfg = Config::parse(std::string("preset=quant-k3v2,fp16_tier=0.15,mean_tokens=8,residual=4,flush=8,"
                                                  "sinks=2,recent=4") + tail);

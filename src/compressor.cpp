@@ -432,48 +432,37 @@ void KVCompressor::extend_scored(CompressedKV& cache, const SequenceKV& chunk, c
           if (layer_code_tier) code_tiers[s] = without_tokens(select::select_tier(row, sets[s], tier + code_tier, eo), tiers[s]);
         }
     }
+    // The chunk's tokens `chosen[s]` of every position set: positions, and per KV head the rows
+    // (fp16-rounded) of the heads that use the set.
+    auto load_sets = [&](const std::vector<std::vector<int64_t>>& chosen, std::vector<std::vector<int32_t>>& positions,
+                         std::vector<std::vector<uint16_t>>& keys, std::vector<std::vector<uint16_t>>& values) {
+      positions.resize(chosen.size());
+      keys.resize(static_cast<size_t>(H));
+      values.resize(static_cast<size_t>(H));
+      for (size_t s = 0; s < chosen.size(); ++s) {
+        for (int64_t t : chosen[s]) positions[s].push_back(pos[static_cast<size_t>(t)]);
+        const int h_begin = chosen.size() == 1 ? 0 : static_cast<int>(s);
+        const int h_end = chosen.size() == 1 ? static_cast<int>(H) : static_cast<int>(s) + 1;
+        for (int h = h_begin; h < h_end; ++h) {
+          auto& kr = keys[static_cast<size_t>(h)];
+          auto& vr = values[static_cast<size_t>(h)];
+          kr.resize(chosen[s].size() * static_cast<size_t>(d));
+          vr.resize(kr.size());
+          for (size_t i = 0; i < chosen[s].size(); ++i) {
+            load_fp16_rounded(kv.keys, chosen[s][i], h, &kr[i * static_cast<size_t>(d)], "keys");
+            load_fp16_rounded(kv.values, chosen[s][i], h, &vr[i * static_cast<size_t>(d)], "values");
+          }
+        }
+      }
+    };
     // The code tier leaves the kept sets: its tokens go to their own stream (LayerInput::tier_*).
     detail::LayerInput in;
     if (layer_code_tier) {
-      in.tier_positions.resize(sets.size());
-      in.tier_keys.resize(static_cast<size_t>(H));
-      in.tier_values.resize(static_cast<size_t>(H));
-      for (size_t s = 0; s < sets.size(); ++s) {
-        for (int64_t t : code_tiers[s]) in.tier_positions[s].push_back(pos[static_cast<size_t>(t)]);
-        const int h_begin = sets.size() == 1 ? 0 : static_cast<int>(s);
-        const int h_end = sets.size() == 1 ? static_cast<int>(H) : static_cast<int>(s) + 1;
-        for (int h = h_begin; h < h_end; ++h) {
-          auto& kr = in.tier_keys[static_cast<size_t>(h)];
-          auto& vr = in.tier_values[static_cast<size_t>(h)];
-          kr.resize(code_tiers[s].size() * static_cast<size_t>(d));
-          vr.resize(kr.size());
-          for (size_t i = 0; i < code_tiers[s].size(); ++i) {
-            load_fp16_rounded(kv.keys, code_tiers[s][i], h, &kr[i * static_cast<size_t>(d)], "keys");
-            load_fp16_rounded(kv.values, code_tiers[s][i], h, &vr[i * static_cast<size_t>(d)], "values");
-          }
-        }
-        sets[s] = without_tokens(sets[s], code_tiers[s]);
-      }
+      load_sets(code_tiers, in.tier_positions, in.tier_keys, in.tier_values);
+      for (size_t s = 0; s < sets.size(); ++s) sets[s] = without_tokens(sets[s], code_tiers[s]);
     }
     in.given = n;
-    in.positions.resize(sets.size());
-    in.keys.resize(static_cast<size_t>(H));
-    in.values.resize(static_cast<size_t>(H));
-    for (size_t s = 0; s < sets.size(); ++s) {
-      for (int64_t t : sets[s]) in.positions[s].push_back(pos[static_cast<size_t>(t)]);
-      const int h_begin = sets.size() == 1 ? 0 : static_cast<int>(s);
-      const int h_end = sets.size() == 1 ? static_cast<int>(H) : static_cast<int>(s) + 1;
-      for (int h = h_begin; h < h_end; ++h) {
-        auto& kr = in.keys[static_cast<size_t>(h)];
-        auto& vr = in.values[static_cast<size_t>(h)];
-        kr.resize(sets[s].size() * static_cast<size_t>(d));
-        vr.resize(kr.size());
-        for (size_t i = 0; i < sets[s].size(); ++i) {
-          load_fp16_rounded(kv.keys, sets[s][i], h, &kr[i * static_cast<size_t>(d)], "keys");
-          load_fp16_rounded(kv.values, sets[s][i], h, &vr[i * static_cast<size_t>(d)], "values");
-        }
-      }
-    }
+    load_sets(sets, in.positions, in.keys, in.values);
     // Pinned in fp16: the sinks (with fp16_sinks) and the fp16 tier, as indices into each set.
     // Every set pins as many: the sinks and the recent window are in every kept set, and every
     // kept set has as many tokens, so as many compete for the tier.

@@ -546,7 +546,7 @@ TEST(Compressor, FailedCallsLeaveTheCacheUnchanged) {
   // Shared selection and the spread over layers check the keys in their scoring pass only (there
   // require_finite_layer names the element; score_layer's own finiteness check stands behind it,
   // so removing the first alone does not make this test fail: the call still throws).
-  for (const char* preset : {"quant-k3v2", "high", "high,shared=1", "high,evict_layers=1"}) {
+  for (const char* preset : {"quant-k3v2", "high", "high,shared=1", "high,evict_layers=1", "tier-k3v2,per_head=1"}) {
     KVCompressor c(f.shape, Config::parse(std::string("preset=") + preset));
     SequenceKV first, second;
     for (const auto& kv : f.seq.layers) {

@@ -1,8 +1,9 @@
 // CPU decode attention over a compressed cache (include/e8kv/attention/attend.hpp).
 //
 // Plan of one call: every request (sequence × layer × query tokens) is cut into work items of
-// kChunkTokens stored tokens (coded chunks first, then the code tier's, then the fp16 window), each item covering all
-// KV heads so the cos/sin rows of the RoPE-residual mean term are computed once per position.
+// kChunkTokens stored tokens (coded chunks first, then the code tier's, then the fp16 window),
+// each item covering all KV heads so the cos/sin rows of the RoPE-residual mean term are
+// computed once per position.
 // An item scores its tokens for every query token and head, takes the chunk's softmax and sums
 // the values, leaving a partial state (max, Σp, Σp over coded tokens, weighted value sum) per
 // (query token, query head). States are merged in chunk order once every item has run, so the

@@ -19,6 +19,7 @@
 #include "e8kv/entropy/container.hpp"
 #include "e8kv/numeric/half.hpp"
 #include "e8kv/quant/kv_vector_codec.hpp"
+#include "testing/kv_fixture.hpp"
 #include "testing/synthetic_kv.hpp"
 #include "testing/test_util.hpp"
 
@@ -482,7 +483,6 @@ TEST(PagedKV, DefaultConfigRoundTripsByteForByte) {
 // A cache with a code tier (a second code stream per head) cannot go to pages: to_paged and
 // paged_layout_for refuse it with an error naming the tier, rather than dropping its tokens.
 TEST(PagedKV, CodeTierCachesAreRefused) {
-  const ModelShape shape{1, 1, 2, 64};
   synth::SyntheticSpec sp;
   sp.n_layers = 1;
   sp.n_kv_heads = 1;
@@ -491,13 +491,10 @@ TEST(PagedKV, CodeTierCachesAreRefused) {
   sp.tokens = 200;
   sp.obs_window = 8;
   sp.seed = 640;
-  const auto d = synth::make_synthetic_kv(sp);
-  SequenceKV seq;
-  seq.layers.push_back({TensorView::nhd(d.keys[0].data(), DType::kF32, sp.tokens, 1, 64),
-                        TensorView::nhd(d.values[0].data(), DType::kF32, sp.tokens, 1, 64)});
-  std::vector<LayerQueries> queries(1);
-  queries[0].queries = TensorView::nhd(d.queries[0].data(), DType::kF32, static_cast<int64_t>(d.query_positions.size()), 2, 64);
-  queries[0].positions = d.query_positions.data();
+  const testkit::Fixture f(sp);
+  const ModelShape& shape = f.shape;
+  const SequenceKV& seq = f.seq;
+  const std::vector<LayerQueries>& queries = f.queries;
   KVCompressor compressor(shape, Config::parse("preset=quant-k3v2,code_tier=0.1"));
   const CompressedKV cache = compressor.compress(seq, &queries);
   ASSERT_GT(cache.tier_tokens(0, 0), 0);
