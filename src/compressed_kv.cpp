@@ -350,8 +350,6 @@ const std::vector<int32_t>& CompressedKV::window_positions(int l, int h) const {
 const std::vector<int32_t>& CompressedKV::tier_positions(int l, int h) const {
   const auto& ld = layer(l);
   require(h >= 0 && h < static_cast<int>(ld.heads.size()), "CompressedKV: head out of range");
-  static const std::vector<int32_t> kNone;  // a layer built without tier sets (none stored)
-  if (ld.tier_positions.empty()) return kNone;
   return ld.tier_positions[ld.tier_positions.size() == 1 ? 0 : static_cast<size_t>(h)];
 }
 
@@ -381,7 +379,7 @@ CompressedKV::ByteBreakdown CompressedKV::byte_breakdown() const {
       // (start, count); otherwise 4 bytes per position.
       all = l.positions[s];
       all.insert(all.end(), l.window_positions[s].begin(), l.window_positions[s].end());
-      if (s < l.tier_positions.size()) all.insert(all.end(), l.tier_positions[s].begin(), l.tier_positions[s].end());
+      all.insert(all.end(), l.tier_positions[s].begin(), l.tier_positions[s].end());
       std::sort(all.begin(), all.end());
       bool contiguous = true;
       for (size_t i = 1; i < all.size(); ++i) contiguous = contiguous && all[i] == all[i - 1] + 1;
@@ -496,7 +494,7 @@ int64_t CompressedKV::LayerData::last_position(size_t set) const {
   int64_t last = -1;
   const auto& w = window_positions[set];
   if (!positions[set].empty()) last = positions[set].back();
-  if (set < tier_positions.size() && !tier_positions[set].empty()) last = std::max<int64_t>(last, tier_positions[set].back());
+  if (!tier_positions[set].empty()) last = std::max<int64_t>(last, tier_positions[set].back());
   if (!w.empty()) last = std::max<int64_t>(last, w.back());
   const size_t n_pinned = static_cast<size_t>(std::min<int64_t>(pinned, static_cast<int64_t>(w.size())));
   if (n_pinned > 0) last = std::max<int64_t>(last, w[n_pinned - 1]);

@@ -566,8 +566,7 @@ void KVCompressor::drop_before(CompressedKV& cache, int32_t position) const {
       pinned_after = pinned;
       nd.positions[s].assign(cp.begin() + static_cast<std::ptrdiff_t>(drop_coded), cp.end());
       nd.window_positions[s] = without(without(w, np, np + drop_window), 0, drop_pinned);
-      static const std::vector<int32_t> kNoTier;
-      const auto& tp = s < ld.tier_positions.size() ? ld.tier_positions[s] : kNoTier;
+      const auto& tp = ld.tier_positions[s];
       const size_t drop_tier = static_cast<size_t>(std::lower_bound(tp.begin(), tp.end(), position) - tp.begin());
       nd.tier_positions[s].assign(tp.begin() + static_cast<std::ptrdiff_t>(drop_tier), tp.end());
       const int h_begin = ld.positions.size() == 1 ? 0 : static_cast<int>(s);

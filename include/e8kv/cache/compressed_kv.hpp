@@ -97,8 +97,8 @@ class CompressedKV {
   struct LayerData {
     std::vector<std::vector<int32_t>> positions;         ///< coded tokens: 1 shared set or one per head
     std::vector<std::vector<int32_t>> window_positions;  ///< residual window, same sets
-    /// Code-tier tokens, same sets: ascending, at any position (each compress / extend chunk's
-    /// promoted tokens follow the earlier chunks').
+    /// Code-tier tokens, same sets (as many as `positions`, empty without a tier): ascending, at
+    /// any position (each compress / extend chunk's promoted tokens follow the earlier chunks').
     std::vector<std::vector<int32_t>> tier_positions;
     std::vector<HeadData> heads;
     int64_t original_tokens = 0;  ///< tokens ever given to this layer (before eviction)
