@@ -6,7 +6,7 @@
 # then e8kv's patches are applied
 # (integrations/llama.cpp/patches/*.patch: the E8 KV-cache types of ggml, and their -ctk/-ctv names). integrations/llama.cpp builds it (GGML_NATIVE=OFF).
 # Idempotent: nothing is downloaded when the tree is there with the recorded hash.
-# Cache: ${E8KV_CACHE:-$HOME/.cache/e8kv}/llama.cpp/
+# Cache: ${E8KV_CACHE:-$HOME/.cache/e8kv}/llama.cpp/llama.cpp-VERSION-PATCHHASH/
 #   scripts/fetch-llama-cpp.sh --print-path   prints the tree's path if it is fetched (else nothing);
 #                                             downloads nothing (scripts/env.sh uses it)
 set -euo pipefail
@@ -28,7 +28,10 @@ STAMP_VALUE="$SHA256 ${SUBSET[*]} $(cat "${PATCHES[@]}" | sha256sum | cut -d' ' 
 
 CACHE="${E8KV_CACHE:-$HOME/.cache/e8kv}"
 ROOT="$CACHE/llama.cpp"
-DEST="$ROOT/llama.cpp-$VERSION"
+# One tree per set of patches (their hash in the name), so that checkouts with other patches
+# (branches, worktrees) never re-extract a tree another build is reading.
+PATCH_HASH="$(cat "${PATCHES[@]}" | sha256sum | cut -c1-12)"
+DEST="$ROOT/llama.cpp-$VERSION-$PATCH_HASH"
 STAMP="$DEST/.e8kv-stamp"
 
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$STAMP_VALUE" ] && [ -f "$DEST/CMakeLists.txt" ]; then
