@@ -24,6 +24,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "e8kv/cache/compressed_kv.hpp"
@@ -39,7 +40,8 @@ struct AttendOptions {
 
 /// q: n_q_heads·head_dim floats (post-RoPE, the engine's basis); out: the same size; lse:
 /// n_q_heads floats or null. A layer with no stored token gives out = 0 and lse = −inf.
-/// Throws e8kv::Error on a null q or out, a layer out of range, or a non-finite query.
+/// Throws e8kv::Error on a null q or out, a layer out of range, a non-finite query, or scores
+/// that overflow the float range (a query or keys too large to attend: never answered with zeros).
 void attend(const CompressedKV& cache, int layer, const float* q, float* out, float* lse = nullptr,
             const AttendOptions& options = {});
 
@@ -53,6 +55,12 @@ struct AttendRequest {
   const float* q = nullptr;  ///< [n_tokens, n_q_heads, head_dim]
   float* out = nullptr;      ///< [n_tokens, n_q_heads, head_dim]
   float* lse = nullptr;      ///< [n_tokens, n_q_heads] or null
+  /// Only stored tokens whose position lies in [min_position, max_position] are attended (the
+  /// defaults: all of them). For an engine whose cache already holds later tokens than a query's
+  /// (a causal limit), or a sliding window (min_position); a request whose bounds leave no token
+  /// gives out = 0 and lse = −inf, as an empty layer does.
+  int32_t min_position = std::numeric_limits<int32_t>::min();
+  int32_t max_position = std::numeric_limits<int32_t>::max();
 };
 
 /// Every request of the batch, work items spread over the executor. Each request's results are
