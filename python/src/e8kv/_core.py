@@ -216,6 +216,27 @@ class Compressor:
         self._guard.handle = handle.value
         self.spec = self.describe()
 
+    def close(self) -> None:
+        """Frees the compressor (waits for running calls); caches it made stay usable for reads."""
+        self._guard.close(lib().e8kv_compressor_destroy)
+
+    @property
+    def closed(self) -> bool:
+        return self._guard.handle is None
+
+    def __enter__(self) -> "Compressor":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_guard", None) is not None and _lib is not None:
+            self.close()
+
+    def __repr__(self) -> str:
+        return f"<e8kv.Compressor {tuple(self.shape)} {self.spec if not self.closed else 'closed'}>"
+
     def describe(self) -> str:
         """Every field of the configuration as a spec string."""
         with self._guard.read("Compressor.describe") as h:
