@@ -68,18 +68,31 @@ def model_shape(config) -> _core.ModelShape:
     return _core.ModelShape(c.num_hidden_layers, n_kv, c.num_attention_heads, head_dim)
 
 
-def _refuse_unsupported(config) -> None:
+def sliding_window_of(config) -> Optional[int]:
+    """The window of a model whose every layer attends a sliding window (Mistral, Qwen2 with
+    use_sliding_window), or None for full attention. Mixed models (Gemma-3: some layers sliding,
+    some full) are refused: e8kv.hf keeps one cache for all layers."""
     c = _text_config(config)
+    window = getattr(c, "sliding_window", None)
     layer_types = getattr(c, "layer_types", None)
     if layer_types:
-        other = sorted({t for t in layer_types if t != "full_attention"})
-        if other:
-            first = next(i for i, t in enumerate(layer_types) if t != "full_attention")
-            raise E8kvError(f"e8kv.hf: layer {first} is '{layer_types[first]}' ({', '.join(other)} in this model); "
-                            f"e8kv.hf caches full-attention layers only")
-    elif getattr(c, "sliding_window", None) and getattr(c, "use_sliding_window", True):
-        raise E8kvError(f"e8kv.hf: the model uses sliding-window attention (sliding_window={c.sliding_window}); "
-                        f"e8kv.hf caches full-attention layers only")
+        kinds = sorted(set(layer_types))
+        if kinds == ["full_attention"]:
+            return None
+        if kinds == ["sliding_attention"] and window:
+            return int(window)
+        first = next(i for i, t in enumerate(layer_types) if t != layer_types[0])
+        raise E8kvError(f"e8kv.hf: layer {first} is '{layer_types[first]}' and layer 0 '{layer_types[0]}' "
+                        f"({', '.join(kinds)} in this model); e8kv.hf keeps one cache for every layer, so all "
+                        f"layers must attend alike")
+    if window and getattr(c, "use_sliding_window", True):
+        return int(window)
+    return None
+
+
+def _refuse_unsupported(config) -> None:
+    sliding_window_of(config)
+    c = _text_config(config)
     for field in ("attn_logit_softcapping", "attention_chunk_size"):
         if getattr(c, field, None):
             raise E8kvError(f"e8kv.hf: the model sets {field}={getattr(c, field)}, which e8kv's attention does not do")
@@ -152,8 +165,8 @@ class E8Layer(CacheLayerMixin):
         pending = getattr(_current, "layers", None)
         if pending is None:
             pending = _current.layers = {}
-        if self.layer_idx in pending:
-            del pending[self.layer_idx]
+        if any(layer.parent is self.parent for layer in pending.values()):
+            pending.clear()
             raise E8kvError("e8kv.hf: the model's attention did not read the e8kv cache (it must run with "
                             "attn_implementation='e8kv': call e8kv.hf.register() and model.set_attn_implementation"
                             "('e8kv'), or use `with e8kv.hf.compress(model)`)")
@@ -219,6 +232,7 @@ class E8Cache(Cache):
         config = getattr(model_or_config, "config", model_or_config)
         _refuse_unsupported(config)
         self.model_shape = model_shape(config)
+        self.sliding_window = sliding_window_of(config)
         self.spec = _spec if _spec is not None else make_spec(config, preset, spec)
         self._compressor: Optional[Compressor] = None
         self._scaling: Optional[float] = None
@@ -299,6 +313,7 @@ class E8Cache(Cache):
         valid = self._validity(attention_mask, b, q_len)
         if not self._rows:
             positions = self._positions(kwargs, valid, first=layer.layer_idx == 0 and not self._prefill)
+            self._check_window(positions[valid])
             out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=0.0,
                                             scaling=scaling, **{k: v for k, v in kwargs.items()
                                                                 if k not in ("position_ids",)})
@@ -309,6 +324,7 @@ class E8Cache(Cache):
         if b != len(self._rows):
             raise E8kvError(f"e8kv.hf: a batch of {b} sequences reached a cache of {len(self._rows)}")
         positions = self._positions(kwargs, valid, first=False)
+        self._check_window(positions[valid])
         out = torch.zeros((b, q_len, hq, d), dtype=torch.float32)
         idx = layer.layer_idx
         for t in range(q_len):
@@ -324,6 +340,13 @@ class E8Cache(Cache):
                 for r, (o, _) in zip(rows, attend_batch(requests, pool=self._pool)):
                     out[r, t] = torch.from_numpy(o[0])
         return out.to(query.dtype)
+
+    def _check_window(self, positions: np.ndarray) -> None:
+        # Below the window, sliding-window attention is full attention; past it, it is not.
+        if self.sliding_window and positions.size and int(positions.max()) >= self.sliding_window:
+            raise E8kvError(f"e8kv.hf: position {int(positions.max())} reaches the model's sliding window "
+                            f"({self.sliding_window} tokens); e8kv.hf attends every cached token (full attention), "
+                            f"which equals the model's attention only below its window")
 
     def _keep_prefill(self, idx, query, key, value, valid, positions) -> None:
         keys, values, queries, pos, qpos = [], [], [], [], []
@@ -416,7 +439,7 @@ class E8Cache(Cache):
         except (ValueError, KeyError, TypeError) as e:
             raise E8kvError(f"e8kv.hf: E8Cache.from_bytes: damaged header ({e})", "corrupt data") from None
         if 12 + n + sum(sizes) != len(data):
-            raise E8kvError(f"e8kv.hf: E8Cache.from_bytes: {len(data)} bytes, the header describes {12 + n + sum(sizes)}",
+            raise E8kvError(f"e8kv.hf: E8Cache.from_bytes: damaged or truncated: {len(data)} bytes, the header describes {12 + n + sum(sizes)}",
                             "corrupt data")
         config = getattr(model_or_config, "config", model_or_config)
         shape = model_shape(config)
@@ -455,7 +478,10 @@ def e8kv_attention(module, query, key, value, attention_mask, dropout: float = 0
                                       **kwargs)
     if module.training and dropout:
         raise E8kvError("e8kv.hf: attention with dropout (training) is not supported")
-    for name in ("sliding_window", "softcap", "s_aux", "sinks"):
+    if kwargs.get("sliding_window") not in (None, layer.parent.sliding_window):
+        raise E8kvError(f"e8kv.hf: the attention call's sliding_window {kwargs['sliding_window']} is not the model "
+                        f"config's ({layer.parent.sliding_window})")
+    for name in ("softcap", "s_aux", "sinks"):
         if kwargs.get(name) is not None:
             raise E8kvError(f"e8kv.hf: the attention call sets {name}; e8kv's attention does not do it")
     return layer.parent._attend(layer, module, query, key, value, attention_mask, scaling, kwargs), None
