@@ -14,8 +14,8 @@ KL protocol (per chunk, 2 chunks: tech.txt then fiction.txt, HF tokenizer of the
 1,023 tokens into the row's cache, then feed the next 128 tokens one at a time through it (every
 row codes as it decodes, as its own code does), KL(DynamicCache ‖ row) of the next-token
 distributions over those 128 predictions.
-Memory protocol: prompt = the first 1,024 tokens of tech.txt, generate 3,072 tokens greedily
-(4,096 in the cache); cache bytes = what the row's cache object holds at the end (tensors, codes,
+Memory protocol (first, in a fresh process): prompt = the first 2,048 tokens of tech.txt, generate
+2,048 tokens greedily (4,095 in the cache); cache bytes = what the row's cache object holds at the end (tensors, codes,
 scales; e8kv: Cache.nbytes); peak RSS while generating = VmHWM after resetting it (clear_refs)
 just before generate, beside the RSS at that moment (model, tokenizer, runtime).
 """
@@ -151,8 +151,6 @@ def cmd_memory(a):
     model, tok = load()
     loaded = rss_mib()
     result = {"row": a.row, "threads": a.threads}
-    if not a.no_kl:
-        result["kl"], result["kl_chunks"] = kl_of(model, tok, a.row)
     prompt = tokens(tok, TEXTS[0], a.prompt)
     import gc
     gc.collect()
@@ -179,6 +177,9 @@ def cmd_memory(a):
                    "ratio_vs_fp16": fp16 / nbytes, "peak_rss_at_load_mib": loaded, "rss_before_generate_mib": before,
                    "peak_rss_generating_mib": peak_rss_mib(), "peak_minus_before_mib": peak_rss_mib() - before, "generate_seconds": seconds,
                    "ms_per_token": 1000 * seconds / a.new})
+    del out, cache
+    if not a.no_kl:
+        result["kl"], result["kl_chunks"] = kl_of(model, tok, a.row)
     print(json.dumps(result))
 
 
@@ -232,8 +233,8 @@ def main():
     sub = ap.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("memory")
     m.add_argument("--row", required=True)
-    m.add_argument("--prompt", type=int, default=1024)
-    m.add_argument("--new", type=int, default=3072)
+    m.add_argument("--prompt", type=int, default=2048)
+    m.add_argument("--new", type=int, default=2048)
     m.add_argument("--no-kl", action="store_true")
     s = sub.add_parser("speed")
     s.add_argument("--ctx", type=int, default=4096)
