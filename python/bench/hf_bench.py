@@ -6,8 +6,8 @@ project's GGUF, fp32, CPU). One row per process for memory (peak RSS is per proc
   hf_bench.py memory  --row e8kv:quant-k3v2                   KL + bytes + peak RSS generating 4K
   hf_bench.py speed   --ctx 4096 --rows dynamic,e8kv:quant-k3v2 --steps 32
 
-Rows: dynamic (DynamicCache), e8kv:PRESET (e8kv.hf.compress), quanto2 / quanto4 (transformers'
-QuantizedCache, optimum-quanto backend, q_group_size 64, residual 128), nexusquant3 (NexusQuant's
+Rows: dynamic (DynamicCache), e8kv:PRESET (e8kv.hf.compress), quanto2 / quanto4 / hqq2 / hqq4
+(transformers' QuantizedCache, optimum-quanto / HQQ backend, q_group_size 64, residual 128), nexusquant3 (NexusQuant's
 `with nexusquant(model, bits=3)`, its own package).
 
 KL protocol (per chunk, 2 chunks: tech.txt then fiction.txt, HF tokenizer of the GGUF): prefill
@@ -107,9 +107,10 @@ def row_context(model, row):
         import e8kv.hf
         with e8kv.hf.compress(model, preset=row[5:], threads=torch.get_num_threads()):
             yield lambda: None  # the context installs an E8Cache for each new sequence
-    elif row.startswith("quanto"):
-        nbits = int(row[6:])
-        yield lambda: QuantizedCache(backend="quanto", config=model.config, nbits=nbits)
+    elif row.startswith(("quanto", "hqq")):
+        backend = "quanto" if row.startswith("quanto") else "hqq"
+        nbits = int(row[len(backend):])
+        yield lambda: QuantizedCache(backend=backend, config=model.config, nbits=nbits)
     elif row == "nexusquant3":
         import nexusquant
         theta = float((getattr(model.config, "rope_parameters", None) or {}).get("rope_theta", 10000.0))
