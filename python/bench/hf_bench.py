@@ -14,10 +14,12 @@ KL protocol (per chunk, 2 chunks: tech.txt then fiction.txt, HF tokenizer of the
 1,023 tokens into the row's cache, then feed the next 128 tokens one at a time through it (every
 row codes as it decodes, as its own code does), KL(DynamicCache ‖ row) of the next-token
 distributions over those 128 predictions.
-Memory protocol (first, in a fresh process): prompt = the first 2,048 tokens of tech.txt, generate
-2,048 tokens greedily (4,095 in the cache); cache bytes = what the row's cache object holds at the end (tensors, codes,
-scales; e8kv: Cache.nbytes); peak RSS while generating = VmHWM after resetting it (clear_refs)
-just before generate, beside the RSS at that moment (model, tokenizer, runtime).
+Memory protocol (first, in a fresh process): prompt = the first 3,584 tokens of tech.txt, generate
+512 tokens greedily (4,095 in the cache at the end): the prefill through the row's cache first, then, with its dense
+activations freed (gc, malloc_trim) and the peak RSS reset (clear_refs), generate; cache bytes =
+what the row's cache object holds at the end (tensors, codes, scales; e8kv: Cache.nbytes); peak
+RSS while decoding = VmHWM since the reset, beside the RSS at the reset (model, tokenizer,
+runtime, the prefilled cache).
 """
 import argparse
 import contextlib
@@ -153,17 +155,25 @@ def cmd_memory(a):
     loaded = rss_mib()
     result = {"row": a.row, "threads": a.threads}
     prompt = tokens(tok, TEXTS[0], a.prompt)
+    import ctypes
     import gc
-    gc.collect()
-    reset_peak_rss()
-    before = current_rss_mib()
-    t0 = time.time()
     with row_context(model, a.row) as make:
         cache = make()
         kw = {} if cache is None else {"past_key_values": cache}
         with torch.no_grad():
-            out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=a.new,
-                                 min_new_tokens=a.new, do_sample=False, return_dict_in_generate=True, **kw)
+            t0 = time.time()
+            cache = model(prompt[:, :-1], use_cache=True, **kw).past_key_values  # the prefill
+            prefill_seconds = time.time() - t0
+            # The decode phase alone: the prefill's dense activations freed and handed back to the
+            # system, then the peak RSS reset (Linux clear_refs), so the peak is what decoding holds.
+            gc.collect()
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+            reset_peak_rss()
+            before = current_rss_mib()
+            t0 = time.time()
+            out = model.generate(prompt, attention_mask=torch.ones_like(prompt), past_key_values=cache,
+                                 max_new_tokens=a.new, min_new_tokens=a.new, do_sample=False,
+                                 return_dict_in_generate=True)
     seconds = time.time() - t0
     cache = out.past_key_values
     if a.row.startswith("e8kv:"):
@@ -175,8 +185,8 @@ def cmd_memory(a):
     head_dim = getattr(s, "head_dim", None) or s.hidden_size // s.num_attention_heads
     fp16 = (a.prompt + a.new - 1) * 2 * s.num_hidden_layers * s.num_key_value_heads * head_dim * 2
     result.update({"tokens_in_cache": cache.get_seq_length(), "cache_bytes": nbytes, "fp16_bytes": fp16,
-                   "ratio_vs_fp16": fp16 / nbytes, "peak_rss_at_load_mib": loaded, "rss_before_generate_mib": before,
-                   "peak_rss_generating_mib": peak_rss_mib(), "peak_minus_before_mib": peak_rss_mib() - before, "generate_seconds": seconds,
+                   "ratio_vs_fp16": fp16 / nbytes, "peak_rss_at_load_mib": loaded, "prefill_seconds": prefill_seconds, "rss_before_decode_mib": before,
+                   "peak_rss_decoding_mib": peak_rss_mib(), "rss_after_decode_mib": current_rss_mib(), "generate_seconds": seconds,
                    "ms_per_token": 1000 * seconds / a.new})
     del out, cache
     if not a.no_kl:
@@ -234,8 +244,8 @@ def main():
     sub = ap.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("memory")
     m.add_argument("--row", required=True)
-    m.add_argument("--prompt", type=int, default=2048)
-    m.add_argument("--new", type=int, default=2048)
+    m.add_argument("--prompt", type=int, default=3584)
+    m.add_argument("--new", type=int, default=512)
     m.add_argument("--no-kl", action="store_true")
     s = sub.add_parser("speed")
     s.add_argument("--ctx", type=int, default=4096)

@@ -77,11 +77,7 @@ def test_multi_token_step_is_exact_decode():
         model(x[:, :100])
         steps = torch.cat([model(x[:, t:t + 1], past_key_values=handle.cache).logits[0] for t in range(100, 120)])
     torch.testing.assert_close(chunk, steps, rtol=1e-4, atol=1e-4)
-    # and not what dense attention among the chunk's own keys would give
-    with torch.no_grad(), e8kv.hf.compress(model, preset="quant-k3v2") as handle:
-        model(x[:, :119])
-        whole_prefill_last = model(x[:, 119:], past_key_values=handle.cache).logits[0, -1]
-    assert torch.allclose(whole_prefill_last, steps[-1], atol=1e-3) is False or True  # both valid; no equality promised
+    assert handle.cache.rows[0].original_tokens == 120  # every chunk token went into the codes
 
 
 def test_batch_with_left_padding_equals_each_row_alone():
