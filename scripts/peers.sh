@@ -17,20 +17,7 @@ bash "$E8KV_ROOT/scripts/setup.sh"
 bash "$E8KV_ROOT/scripts/fetch-data.sh" >&2
 E8KV_TARGETS=(e8kv_c e8kv-llama)
 configure_and_build -DE8KV_BUILD_EXAMPLES=ON
-cache="${E8KV_CACHE:-$HOME/.cache/e8kv}"
-venv="$cache/peers/venv"
-lock="$E8KV_ROOT/bench/peers/requirements.lock"
-if [ ! -x "$venv/bin/python" ] || ! cmp -s "$lock" "$venv/.e8kv-lock"; then
-  echo "[peers] creating $venv from bench/peers/requirements.lock (~6 GB)" >&2
-  rm -rf "$venv"
-  if ! python3 -c "import ensurepip, venv" >/dev/null 2>&1; then  # Debian's python3 ships venv apart
-    SUDO=""; [ "$(id -u)" != 0 ] && SUDO="sudo"
-    $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq python3-venv >/dev/null
-  fi
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install --no-input -q -r "$lock"
-  cp "$lock" "$venv/.e8kv-lock"
-fi
+venv="$(bash "$E8KV_ROOT/scripts/python-venv.sh")"  # shared with scripts/test-python.sh
 out="$E8KV_ROOT/build/results/peers"
 mkdir -p "$out"
 "$venv/bin/python" "$E8KV_ROOT/bench/peers/peers.py" --lib "$E8KV_BUILD/libe8kv_c.so" \

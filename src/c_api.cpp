@@ -595,4 +595,8 @@ e8kv_status e8kv_cache_stored_tokens(const e8kv_cache* cache, int32_t layer, int
   });
 }
 
+// ---- presets ---------------------------------------------------------------------------------------
+
+const char* e8kv_preset_names(void) noexcept { return e8kv::Config::preset_names(); }
+
 }  // extern "C"

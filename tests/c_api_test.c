@@ -1000,6 +1000,26 @@ static void test_last_error_per_thread(void) {
 #endif
 }
 
+/* e8kv_preset_names lists every name `preset=NAME` accepts: each one makes a compressor, and a
+ * name outside the list is refused with the list in the message. */
+static void test_preset_names(void) {
+  const char* names = e8kv_preset_names();
+  e8kv_model_shape shape = {kLayers, kKvHeads, kQHeads, kDim};
+  char list[512], spec[96];
+  e8kv_compressor* c = NULL;
+  int count = 0;
+  CHECK(names != NULL && strstr(names, "lossless") != NULL && strstr(names, "quant-k3v2") != NULL);
+  snprintf(list, sizeof list, "%s", names);
+  for (char* name = strtok(list, ", "); name != NULL; name = strtok(NULL, ", ")) {
+    snprintf(spec, sizeof spec, "preset=%s", name);
+    CHECK_OK(e8kv_compressor_create(&shape, spec, &c));
+    e8kv_compressor_destroy(c);
+    ++count;
+  }
+  CHECK(count >= 12);
+  CHECK_FAILS(e8kv_compressor_create(&shape, "preset=no-such-preset", &c), E8KV_ERROR_INVALID_ARGUMENT, names);
+}
+
 int main(void) {
   make_sequence();
   test_versions();
@@ -1018,6 +1038,7 @@ int main(void) {
   test_errors_nan_and_positions();
   test_errors_container();
   test_last_error_per_thread();
+  test_preset_names();
 #ifdef HAVE_PTHREADS
   test_concurrent_reads();
 #endif

@@ -204,6 +204,22 @@ def e8kv_decode_row(ctx, e8kv, spec, model, cont, first_position):
     return torch.stack(logits), c.bits_per_element(), c.description
 
 
+def e8kv_hf_row(ctx, preset, model, cont):
+    """The same protocol through the Python package (python/, e8kv.hf): `with e8kv.hf.compress`,
+    the prefill in one forward pass (compressed with its last 32 queries), then the continuation
+    in one multi-token forward pass, which the package feeds token by token through the codes
+    (exact decode semantics). Returns (logits, bits at the end of the chunk, spec)."""
+    import e8kv.hf
+    with torch.no_grad(), e8kv.hf.compress(model, preset=preset) as handle:
+        model(input_ids=torch.tensor([ctx["prompt"]]), use_cache=True)
+        cache = handle.cache
+        out = model(input_ids=torch.tensor([cont]), past_key_values=cache, use_cache=True)
+    logits = out.logits[0].float()
+    bits, spec = cache.bits_per_element, cache.spec
+    cache.close()
+    return logits, bits, spec
+
+
 def e8kv_row(ctx, e8kv, spec):
     """Compresses the untouched prefill cache through the C ABI and returns (cache, bias, bits, kept)."""
     c, shape = e8kv_compress(ctx, e8kv, spec, at_rest=True)
@@ -373,6 +389,9 @@ def main():
 
     versions = {p: md.version(p) for p in ("torch", "transformers", "kvpress", "nexusquant-kv", "gguf")}
     e8kv = E8kv(a.lib)
+    # The Python package's rows (e8kv.hf) load the same library, from this checkout's python/src.
+    os.environ.setdefault("E8KV_LIBRARY", os.path.abspath(a.lib))
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python", "src"))
     versions["e8kv"] = e8kv.version
     t0 = time.time()
     model, model_bf16 = load_model(a.model, torch.float32), None
@@ -412,6 +431,9 @@ def main():
     for spec_name in ("quant-k3v2", "quant-k2v2", "high"):
         rows.append((Row(f"e8kv {spec_name}, continuation coded (e8kv protocol)", "e8kv", "e8kv protocol"),
                      ("e8kv-decode", f"preset={spec_name}")))
+    for spec_name in ("quant-k3v2", "quant-k2v2", "high"):
+        rows.append((Row(f"e8kv.hf {spec_name} (Python package), continuation coded", "e8kv", "e8kv protocol"),
+                     ("e8kv-hf", spec_name)))
     for b in (3, 2):
         rows.append((Row(f"NexusQuant `with nexusquant(bits={b})` (prefill inside)", "nexusquant", "quant"),
                      ("nq-context", "simple", b)))
@@ -463,7 +485,10 @@ def main():
             t1 = time.time()
             try:
                 claimed, logits = None, None
-                if spec[0] == "e8kv-decode":
+                if spec[0] == "e8kv-hf":
+                    logits, bits, desc = e8kv_hf_row(ctx, spec[1], model, cont)
+                    bias, kept, row.note = None, None, desc
+                elif spec[0] == "e8kv-decode":
                     logits, bits, desc = e8kv_decode_row(ctx, e8kv, spec[1], model, cont, C - 1)
                     bias, kept, row.note = None, None, desc  # kept: not measured on this path
                 elif spec[0] == "e8kv":

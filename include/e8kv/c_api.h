@@ -260,6 +260,12 @@ E8KV_C_EXPORT e8kv_status e8kv_cache_original_tokens(const e8kv_cache* cache, in
 E8KV_C_EXPORT e8kv_status e8kv_cache_stored_tokens(const e8kv_cache* cache, int32_t layer, int32_t kv_head,
                                                    int64_t* tokens) E8KV_NOEXCEPT;
 
+/* ---- presets -------------------------------------------------------------------------------- */
+
+/* The names `preset=NAME` accepts in a spec, comma-separated ("lossless, quant-k4v4, ..."):
+ * static (Config::preset_names). */
+E8KV_C_EXPORT const char* e8kv_preset_names(void) E8KV_NOEXCEPT;
+
 #ifdef __cplusplus
 }  /* extern "C" */
 #endif
