@@ -6,7 +6,7 @@ set -euo pipefail
 need=()
 have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 for p in cmake g++ make pkg-config libzstd-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev \
-         clang libclang-rt-dev python3 unzip curl patch; do
+         clang libclang-rt-dev python3 unzip curl patch redis-server libhiredis-dev; do
   have_pkg "$p" || need+=("$p")
 done
 
