@@ -6,6 +6,7 @@
 //   e8kv-llama-state extend   --model M.gguf [--config SPEC] [--partial] PACKED LATER_IN OUT
 //   e8kv-llama-state restore  IN OUT
 //   e8kv-llama-state info     IN
+//   e8kv-llama-state push|pull ...   (with e8kv::store: slots shared through Redis, tools/fleet_main.cpp)
 //
 // SPEC is a Config spec string (default "preset=quant-k3v2"; "preset=lossless" restores an f16
 // state byte for byte). The model (llama or gemma3 architecture) gives each KV cache's layers,
@@ -22,6 +23,9 @@
 #include "e8kv/error.hpp"
 #include "e8kv/llama_cpp/state_codec.hpp"
 #include "model_kv.hpp"
+#ifdef E8KV_HAS_STORE
+#include "fleet.hpp"
+#endif
 
 namespace {
 
@@ -54,6 +58,9 @@ int usage() {
                "       e8kv-llama-state extend   --model M.gguf [--config SPEC] [--partial] PACKED LATER_IN OUT\n"
                "       e8kv-llama-state restore  IN OUT\n"
                "       e8kv-llama-state info     IN\n"
+#ifdef E8KV_HAS_STORE
+               "       e8kv-llama-state push|pull ...   (run without arguments after push or pull for theirs)\n"
+#endif
                "IN: a llama.cpp slot/sequence file ('ggsq', as llama-server --slot-save-path writes) or the raw\n"
                "bytes of llama_state_seq_get_data. SPEC: an e8kv Config spec (default preset=quant-k3v2).\n"
                "--partial: saved with LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY (an iSWA model's sliding-window cache).\n");
@@ -79,6 +86,9 @@ void print_info(const std::vector<uint8_t>& packed) {
 int run(int argc, char** argv) {
   if (argc < 2) return usage();
   const std::string cmd = argv[1];
+#ifdef E8KV_HAS_STORE
+  if (cmd == "push" || cmd == "pull") return e8kv::llama_cpp::fleet::run_cli(argc, argv);
+#endif
   std::string model, spec = "preset=quant-k3v2";
   bool partial = false;
   std::vector<std::string> files;

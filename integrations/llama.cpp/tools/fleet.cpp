@@ -1,0 +1,189 @@
+// push / pull of llama-server slot files through a store (fleet.hpp).
+#include "fleet.hpp"
+
+#include <cstring>
+#include <sstream>
+
+#include "e8kv/error.hpp"
+#include "e8kv/llama_cpp/seq_state.hpp"
+#include "e8kv/llama_cpp/state_codec.hpp"
+
+namespace e8kv::llama_cpp::fleet {
+
+namespace {
+
+uint32_t read_u32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// Keeps the elements of `keep` cells of a row-major [cells, row] block, in order.
+std::vector<uint8_t> keep_rows(const std::vector<uint8_t>& b, size_t row, const std::vector<bool>& keep) {
+  std::vector<uint8_t> out;
+  for (size_t c = 0; c < keep.size(); ++c)
+    if (keep[c]) out.insert(out.end(), b.begin() + c * row, b.begin() + (c + 1) * row);
+  return out;
+}
+
+}  // namespace
+
+SlotFile parse_slot_file(const uint8_t* file, size_t size) {
+  SlotFile s;
+  s.state_offset = seq_file_state_offset(file, size);  // checks magic, version and the token list's size
+  const uint32_t n = read_u32(file + 8);
+  s.tokens.resize(n);
+  if (n) std::memcpy(s.tokens.data(), file + 12, size_t{n} * 4);
+  return s;
+}
+
+std::vector<uint8_t> truncate_slot_file(const uint8_t* file, size_t size, size_t n_tokens) {
+  const SlotFile slot = parse_slot_file(file, size);
+  if (n_tokens > slot.tokens.size())
+    throw Error("truncate_slot_file: " + std::to_string(n_tokens) + " tokens asked, the slot holds " +
+                std::to_string(slot.tokens.size()));
+  const uint8_t* state = file + slot.state_offset;
+  const size_t state_size = size - slot.state_offset;
+  const size_t frame = seq_data_frame_bytes(state, state_size);
+  std::vector<SeqState> caches = parse_seq_caches(state + frame, state_size - frame, 1);
+  for (SeqStateStream& S : caches[0].streams) {
+    if (S.cells() == 0) continue;
+    std::vector<bool> keep(S.cells());
+    std::vector<bool> seen(n_tokens, false);
+    size_t kept = 0;
+    for (size_t c = 0; c < S.cells(); ++c) {
+      const int32_t p = S.positions[c];
+      keep[c] = p >= 0 && static_cast<size_t>(p) < n_tokens;
+      if (!keep[c]) continue;
+      if (seen[static_cast<size_t>(p)]) throw Error("truncate_slot_file: position " + std::to_string(p) + " repeated");
+      seen[static_cast<size_t>(p)] = true;
+      ++kept;
+    }
+    if (kept != n_tokens)
+      throw Error("truncate_slot_file: the state holds " + std::to_string(kept) + " of positions 0.." +
+                  std::to_string(n_tokens - 1) + " (a shifted or edited context cannot be cut to a prefix)");
+    const size_t old_cells = S.cells();
+    std::vector<int32_t> pos, seq;
+    std::vector<std::vector<uint8_t>> ext;
+    for (size_t c = 0; c < old_cells; ++c) {
+      if (!keep[c]) continue;
+      pos.push_back(S.positions[c]);
+      seq.push_back(S.seq_ids[c]);
+      if (!S.cell_ext.empty()) ext.push_back(S.cell_ext[c]);
+    }
+    S.positions = std::move(pos);
+    S.seq_ids = std::move(seq);
+    S.cell_ext = std::move(ext);
+    for (SeqStateLayer& L : S.layers) {
+      L.keys = keep_rows(L.keys, L.k_row_bytes, keep);
+      if (!S.v_trans) {
+        L.values = keep_rows(L.values, L.v_row_bytes, keep);
+      } else {  // channel-major: [v_embd][cells][element]
+        std::vector<uint8_t> v;
+        v.reserve(size_t{L.v_embd} * n_tokens * L.v_element_bytes);
+        for (size_t ch = 0; ch < L.v_embd; ++ch)
+          for (size_t c = 0; c < old_cells; ++c)
+            if (keep[c]) {
+              const auto at = L.values.begin() + (ch * old_cells + c) * L.v_element_bytes;
+              v.insert(v.end(), at, at + L.v_element_bytes);
+            }
+        L.values = std::move(v);
+      }
+    }
+  }
+  std::vector<uint8_t> out(12);
+  const uint32_t head[3] = {kSeqFileMagic, kSeqFileVersion, static_cast<uint32_t>(n_tokens)};
+  std::memcpy(out.data(), head, 12);
+  const auto* t = reinterpret_cast<const uint8_t*>(slot.tokens.data());
+  out.insert(out.end(), t, t + n_tokens * 4);
+  out.insert(out.end(), state, state + frame);
+  const std::vector<uint8_t> body = write_seq_caches(caches);
+  out.insert(out.end(), body.begin(), body.end());
+  return out;
+}
+
+std::string layout_string(const std::vector<const KVCompressor*>& caches) {
+  std::ostringstream s;
+  s << "e8kv-llama-fleet-v1;caches=" << caches.size();
+  for (const KVCompressor* c : caches) {
+    const ModelShape& m = c->shape();
+    s << ";shape=" << m.n_layers << "x" << m.n_kv_heads << "x" << m.n_q_heads << "x" << m.head_dim << ";config="
+      << c->config().describe();
+  }
+  return s.str();
+}
+
+PushResult push_slot(store::Store& s, const FleetModel& model, const uint8_t* file, size_t size,
+                     std::chrono::milliseconds ttl) {
+  PushResult r;
+  const SlotFile slot = parse_slot_file(file, size);
+  const size_t C = model.chunk_tokens;
+  r.file_tokens = slot.tokens.size();
+  const size_t whole = r.file_tokens / C * C;
+  const bool one_cache = model.caches.size() == 1;
+  if (whole == 0) {
+    r.note = "the slot holds " + std::to_string(r.file_tokens) + " tokens, less than one chunk of " + std::to_string(C);
+    return r;
+  }
+  if (!one_cache && whole != r.file_tokens) {
+    r.note = "a model with " + std::to_string(model.caches.size()) +
+             " KV caches is published only at a whole number of chunks (" + std::to_string(r.file_tokens) + " tokens)";
+    return r;
+  }
+  std::vector<uint8_t> cut;
+  const uint8_t* src = file;
+  size_t src_size = size;
+  if (whole != r.file_tokens) {
+    cut = truncate_slot_file(file, size, whole);
+    src = cut.data();
+    src_size = cut.size();
+  }
+  const std::vector<uint8_t> packed = compress_slot_file(src, src_size, model.caches);
+  const auto keys = store::prefix_keys(model.fingerprint, slot.tokens.data(), whole, C);
+  r.published_tokens = whole;
+  r.slot_bytes = src_size;
+  r.value_bytes = packed.size();
+  r.stored = store::publish_prefix(s, keys, C, packed, ttl, one_cache);
+  return r;
+}
+
+PullResult pull_slot(store::Store& s, const FleetModel& model, const std::vector<int32_t>& prompt,
+                     const store::MissLog& log) {
+  PullResult r;
+  const size_t C = model.chunk_tokens;
+  const auto keys = store::prefix_keys(model.fingerprint, prompt.data(), prompt.size(), C);
+  std::vector<uint8_t> restored;
+  // Every check on the candidate, before it is a hit: the full restore (the compressed state's
+  // header CRC and every container chunk's CRC), a slot file, and the cache count of this model.
+  const store::PayloadCheck check = [&](const uint8_t* p, size_t n) {
+    const auto info = read_compressed_state_info(p, n);
+    if (info.caches.size() != model.caches.size())
+      throw Error("holds " + std::to_string(info.caches.size()) + " KV caches, the model has " +
+                  std::to_string(model.caches.size()));
+    restored = restore_seq_state(p, n);
+    (void)parse_slot_file(restored.data(), restored.size());
+  };
+  store::PrefixHit hit = store::find_longest_prefix(s, keys, C, check, log);
+  r.round_trips = hit.round_trips;
+  if (hit.chunks == 0) return r;
+  const SlotFile slot = parse_slot_file(restored.data(), restored.size());
+  if (slot.tokens.size() < hit.n_tokens ||
+      std::memcmp(slot.tokens.data(), prompt.data(), hit.n_tokens * 4) != 0) {
+    if (log) log(hit.data_key, "its token list differs from the prompt's first " + std::to_string(hit.n_tokens) +
+                                   " tokens (a hash collision or a foreign value)");
+    return r;
+  }
+  if (slot.tokens.size() != hit.n_tokens) {
+    if (model.caches.size() != 1) {
+      if (log) log(hit.data_key, "a multi-cache state cannot be cut to a shorter prefix");
+      return r;
+    }
+    restored = truncate_slot_file(restored.data(), restored.size(), hit.n_tokens);
+  }
+  r.n_tokens = hit.n_tokens;
+  r.value_bytes = hit.payload.size();
+  r.slot_file = std::move(restored);
+  return r;
+}
+
+}  // namespace e8kv::llama_cpp::fleet

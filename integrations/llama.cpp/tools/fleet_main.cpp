@@ -1,0 +1,147 @@
+// e8kv-llama-state push | pull: the command line of fleet.hpp.
+//
+//   e8kv-llama-state push --model M.gguf --store ADDR [--config SPEC] [--chunk N] [--ttl S] SLOT_FILE
+//   e8kv-llama-state pull --model M.gguf --store ADDR [--config SPEC] [--chunk N]
+//                         (--tokens 1,2,3 | --tokens-file F) OUT_SLOT_FILE
+//
+// ADDR: redis://host[:port] or unix:///path/redis.sock. pull writes OUT only on a hit and prints
+// "restored N tokens"; exit 0 on a hit, 3 on a miss, 1 on an error (store down, bad input).
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "e8kv/error.hpp"
+#include "e8kv/llama/gguf.hpp"
+#include "fleet.hpp"
+#include "model_kv.hpp"
+
+namespace e8kv::llama_cpp::fleet {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+
+std::vector<uint8_t> read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw Error("cannot open " + path);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+// Every run of digits in `text` is a token id (a comma or space separated list, a JSON array, or
+// llama-server's /tokenize answer {"tokens":[...]}).
+std::vector<int32_t> parse_tokens(const std::string& text) {
+  std::vector<int32_t> t;
+  long long v = -1;
+  for (char c : text + " ") {
+    if (c >= '0' && c <= '9') {
+      v = (v < 0 ? 0 : v) * 10 + (c - '0');
+      if (v > 0x7fffffff) throw Error("token id out of range in the token list");
+    } else if (v >= 0) {
+      t.push_back(static_cast<int32_t>(v));
+      v = -1;
+    }
+  }
+  return t;
+}
+
+int usage() {
+  std::fprintf(stderr,
+               "usage: e8kv-llama-state push --model M.gguf --store ADDR [--config SPEC] [--chunk N] [--ttl SECONDS] SLOT_FILE\n"
+               "       e8kv-llama-state pull --model M.gguf --store ADDR [--config SPEC] [--chunk N]\n"
+               "                             (--tokens 1,2,3 | --tokens-file F) OUT_SLOT_FILE\n"
+               "ADDR: redis://host[:port] or unix:///path/to/redis.sock. --chunk: tokens per key chunk (default 256;\n"
+               "every server of the fleet must use the same --chunk and --config). pull exits 0 on a hit, 3 on a miss.\n");
+  return 2;
+}
+
+}  // namespace
+
+int run_cli(int argc, char** argv) {
+  const std::string cmd = argv[1];
+  std::string model_path, address, spec = "preset=quant-k3v2", tokens_arg, tokens_file;
+  size_t chunk = 256;
+  long long ttl_s = 0, timeout_ms = 2000;
+  std::vector<std::string> files;
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    const bool has = i + 1 < argc;
+    if (a == "--model" && has) model_path = argv[++i];
+    else if (a == "--store" && has) address = argv[++i];
+    else if (a == "--config" && has) spec = argv[++i];
+    else if (a == "--chunk" && has) chunk = std::stoul(argv[++i]);
+    else if (a == "--ttl" && has) ttl_s = std::stoll(argv[++i]);
+    else if (a == "--timeout-ms" && has) timeout_ms = std::stoll(argv[++i]);
+    else if (a == "--tokens" && has) tokens_arg = argv[++i];
+    else if (a == "--tokens-file" && has) tokens_file = argv[++i];
+    else if (!a.empty() && a[0] == '-') return usage();
+    else files.push_back(a);
+  }
+  if (model_path.empty() || address.empty() || files.size() != 1) return usage();
+  if (ttl_s < 0 || timeout_ms <= 0) return usage();
+
+  auto t0 = Clock::now();
+  const ModelKv m = read_model_kv(model_path);
+  const std::vector<KVCompressor> compressors = model_compressors(spec, m);
+  FleetModel fm;
+  fm.caches = pointers(compressors);
+  fm.chunk_tokens = chunk;
+  {
+    const llama::GgufFile g = llama::GgufFile::open(model_path);
+    std::vector<store::TensorRecord> tensors;
+    for (const auto& t : g.tensors()) tensors.push_back({t.name, t.dims, t.type});
+    fm.fingerprint = store::model_fingerprint(tensors, layout_string(fm.caches));
+  }
+  const double model_ms = ms_since(t0);
+  store::StoreOptions so;
+  so.command_timeout = std::chrono::milliseconds(timeout_ms);
+  so.connect_timeout = std::chrono::milliseconds(timeout_ms);
+
+  if (cmd == "push") {
+    const std::vector<uint8_t> slot = read_file(files[0]);
+    t0 = Clock::now();
+    auto s = store::open_store(address, so);
+    const PushResult r = push_slot(*s, fm, slot.data(), slot.size(), std::chrono::seconds(ttl_s));
+    const double push_ms = ms_since(t0);
+    if (r.published_tokens == 0) {
+      std::printf("push: nothing published: %s\n", r.note.c_str());
+      return 0;
+    }
+    std::printf("push: %zu of %zu tokens published (%zu chunks of %zu), slot %zu bytes -> value %zu bytes (%.2fx), "
+                "new data %zu, new references %zu; model %.0f ms, compress+store %.1f ms\n",
+                r.published_tokens, r.file_tokens, r.published_tokens / chunk, chunk, r.slot_bytes, r.value_bytes,
+                static_cast<double>(r.slot_bytes) / r.value_bytes, r.stored.data_stored, r.stored.references_stored,
+                model_ms, push_ms);
+    return 0;
+  }
+  if (cmd == "pull") {
+    if (tokens_arg.empty() == tokens_file.empty()) return usage();
+    const std::string text = tokens_file.empty() ? tokens_arg : [&] {
+      const auto b = read_file(tokens_file);
+      return std::string(b.begin(), b.end());
+    }();
+    const std::vector<int32_t> prompt = parse_tokens(text);
+    t0 = Clock::now();
+    auto s = store::open_store(address, so);
+    const PullResult r = pull_slot(*s, fm, prompt);
+    const double pull_ms = ms_since(t0);
+    if (r.n_tokens == 0) {
+      std::printf("pull: miss (prompt %zu tokens, %zu round trips, %.1f ms)\n", prompt.size(), r.round_trips, pull_ms);
+      return 3;
+    }
+    std::ofstream f(files[0], std::ios::binary | std::ios::trunc);
+    f.write(reinterpret_cast<const char*>(r.slot_file.data()), static_cast<std::streamsize>(r.slot_file.size()));
+    f.close();
+    if (!f) throw Error("cannot write " + files[0]);
+    std::printf("pull: restored %zu tokens of a %zu-token prompt: value %zu bytes -> slot %zu bytes, %zu round trips, "
+                "fetch+restore %.1f ms (model %.0f ms)\n",
+                r.n_tokens, prompt.size(), r.value_bytes, r.slot_file.size(), r.round_trips, pull_ms, model_ms);
+    return 0;
+  }
+  return usage();
+}
+
+}  // namespace e8kv::llama_cpp::fleet
