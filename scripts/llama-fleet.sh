@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# Two llama-servers and one Redis sharing a prompt's KV cache through e8kv, end to end:
+#  1. starts redis-server on a Unix socket in a temp dir (no persistence) and two llama-servers
+#     (A, B) on SmolLM2-135M, each with its own --slot-save-path;
+#  2. A answers a prompt (greedy), saves slot 0, and `e8kv-llama-state push` compresses the slot
+#     and publishes it under its token-prefix keys;
+#  3. B tokenizes the prompt, `e8kv-llama-state pull` fetches the longest stored prefix and writes
+#     a slot file; B restores it (/slots/0?action=restore) and the script checks the server's
+#     n_restored equals the tokens pull reported (llama.cpp's restore can silently do nothing);
+#  4. B answers the same prompt: the answer, the prompt tokens B reused from the restored slot and
+#     the top-5 probabilities of the first generated token are compared with A's.
+# Exits non-zero when any check fails. Not part of CI (needs a llama-server build).
+#
+#   scripts/llama-fleet.sh LLAMA_BIN_DIR [SPEC (default preset=quant-k3v2)] [PROMPT_CHARS (default 6000)]
+#   LLAMA_BIN_DIR: the directory holding llama-server (e.g. build/llama-tools/bin).
+#   E8KV_FLEET_CHUNK=256 tokens per key chunk; E8KV_LLAMA_MODEL=smollm2|gemma3.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+BIN_DIR="${1:?usage: scripts/llama-fleet.sh LLAMA_BIN_DIR [SPEC] [PROMPT_CHARS]}"
+SPEC="${2:-preset=quant-k3v2}"
+PROMPT_CHARS="${3:-6000}"
+CHUNK="${E8KV_FLEET_CHUNK:-256}"
+SERVER="$BIN_DIR/llama-server"
+[ -x "$SERVER" ] || { echo "[fleet] error: no llama-server in $BIN_DIR" >&2; exit 2; }
+command -v redis-server >/dev/null || { echo "[fleet] error: redis-server is not installed (scripts/setup.sh)" >&2; exit 2; }
+MODEL="$(bash "$E8KV_ROOT/scripts/fetch-model.sh" "${E8KV_LLAMA_MODEL:-smollm2}")"
+TOOL="${E8KV_LLAMA_STATE_TOOL:-$E8KV_BUILD/integrations/llama.cpp/e8kv-llama-state}"
+if [ ! -x "$TOOL" ]; then
+  E8KV_TARGETS=(e8kv-llama-state)
+  configure_and_build >/dev/null
+fi
+
+W="$(mktemp -d)"
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  rm -rf "$W"
+}
+trap cleanup EXIT
+mkdir -p "$W/a" "$W/b"
+redis-server --port 0 --unixsocket "$W/redis.sock" --save '' --appendonly no --dir "$W" \
+  --logfile "$W/redis.log" &
+pids+=($!)
+STORE="unix://$W/redis.sock"
+PA="${E8KV_FLEET_PORT:-18101}"; PB=$((PA + 1))
+for s in a b; do
+  port=$PA; [ $s = b ] && port=$PB
+  "$SERVER" -m "$MODEL" -c 8192 -np 1 -fa on -t "$E8KV_JOBS" --port "$port" --slot-save-path "$W/$s/" \
+    > "$W/server-$s.log" 2>&1 &
+  pids+=($!)
+done
+for port in $PA $PB; do
+  for _ in $(seq 1 120); do curl -sf "http://127.0.0.1:$port/health" >/dev/null && break; sleep 0.5; done
+  curl -sf "http://127.0.0.1:$port/health" >/dev/null || { echo "[fleet] server on $port did not start" >&2; cat "$W"/server-*.log >&2; exit 1; }
+done
+[ -S "$W/redis.sock" ] || { echo "[fleet] redis did not start" >&2; exit 1; }
+api() { curl -sf -X POST "http://127.0.0.1:$1$2" -H 'Content-Type: application/json' -d "$3"; }
+
+TEXT="$(bash "$E8KV_ROOT/scripts/fetch-text.sh" | grep fiction)"
+python3 - "$TEXT" "$PROMPT_CHARS" > "$W/body.json" <<'EOF'
+import json, sys
+text = open(sys.argv[1], encoding="utf-8").read()[: int(sys.argv[2])]
+print(json.dumps({"prompt": text, "n_predict": 16, "temperature": 0, "cache_prompt": True, "id_slot": 0,
+                  "n_probs": 5, "samplers": ["top_k"], "top_k": 1}))
+EOF
+
+t0=$(date +%s.%N)
+api $PA /completion "@$W/body.json" > "$W/answer-a.json"
+t1=$(date +%s.%N)
+api $PA "/slots/0?action=save" '{"filename": "slot.bin"}' > "$W/save.json"
+"$TOOL" push --model "$MODEL" --store "$STORE" --config "$SPEC" --chunk "$CHUNK" --ttl 3600 "$W/a/slot.bin" | tee "$W/push.txt"
+
+python3 -c 'import json,sys; print(json.dumps({"content": json.load(open(sys.argv[1]))["prompt"]}))' "$W/body.json" > "$W/tok-req.json"
+api $PB /tokenize "@$W/tok-req.json" > "$W/tokens.json"
+t2=$(date +%s.%N)
+set +e
+"$TOOL" pull --model "$MODEL" --store "$STORE" --config "$SPEC" --chunk "$CHUNK" --tokens-file "$W/tokens.json" \
+  "$W/b/pulled.bin" | tee "$W/pull.txt"
+rc=${PIPESTATUS[0]}
+set -e
+[ "$rc" = 0 ] || { echo "[fleet] FAIL: pull missed (exit $rc)" >&2; exit 1; }
+pulled=$(sed -n 's/^pull: restored \([0-9]*\) tokens.*/\1/p' "$W/pull.txt")
+api $PB "/slots/0?action=restore" '{"filename": "pulled.bin"}' > "$W/restore.json"
+t3=$(date +%s.%N)
+n_restored=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["n_restored"])' "$W/restore.json")
+echo "[fleet] B restore: $(cat "$W/restore.json")"
+if [ "$n_restored" != "$pulled" ]; then
+  echo "[fleet] FAIL: server B restored $n_restored tokens, pull wrote $pulled" >&2; exit 1
+fi
+api $PB /completion "@$W/body.json" > "$W/answer-b.json"
+t4=$(date +%s.%N)
+python3 - "$W/answer-a.json" "$W/answer-b.json" "$pulled" "$t0" "$t1" "$t2" "$t3" "$t4" "$SPEC" <<'EOF'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+pulled = int(sys.argv[3]); t0, t1, t2, t3, t4 = map(float, sys.argv[4:9]); spec = sys.argv[9]
+def top(d):
+    p = d.get("completion_probabilities") or []
+    if not p: return []
+    first = p[0]
+    lst = first.get("top_probs") or first.get("probs") or []
+    return [(x.get("token", x.get("tok_str")), round(x.get("prob", 0.0), 4)) for x in lst]
+ca = a.get("tokens_cached", a.get("timings", {}).get("cache_n")); cb = b.get("tokens_cached", b.get("timings", {}).get("cache_n"))
+print(f"[fleet] A (prefill):  {a['content']!r}  prompt {a['timings']['prompt_n']} tokens evaluated, {(t1 - t0) * 1000:.0f} ms")
+print(f"[fleet] B (restored): {b['content']!r}  prompt {b['timings']['prompt_n']} tokens evaluated, reused {cb}; "
+      f"pull+restore {(t3 - t2) * 1000:.0f} ms + completion {(t4 - t3) * 1000:.0f} ms")
+print(f"[fleet] first token top-5, A: {top(a)}")
+print(f"[fleet] first token top-5, B: {top(b)}")
+ok = True
+if b["timings"]["prompt_n"] > a["timings"]["prompt_n"] - pulled + 1:
+    print(f"[fleet] FAIL: B evaluated {b['timings']['prompt_n']} prompt tokens; the restored {pulled} were not reused"); ok = False
+ta, tb = top(a), top(b)
+if ta and tb and ta[0][0] != tb[0][0]:
+    print("[fleet] FAIL: the first token differs"); ok = False
+if spec == "preset=lossless" and ta != tb:
+    print("[fleet] FAIL: lossless restore but the probabilities differ"); ok = False
+print("[fleet] OK" if ok else "[fleet] FAILED")
+sys.exit(0 if ok else 1)
+EOF
