@@ -1,7 +1,7 @@
 // e8kv-fleet-bench: what a llama-server fleet stores and moves per token, how long push and pull
 // take against a store, and a bounded concurrent load with every value verified.
 //
-//   e8kv-fleet-bench sizes --model M.gguf (--slot FILE | --synthetic N) [--presets a,b,...]
+//   e8kv-fleet-bench sizes --model M.gguf (--slot FILE | --synthetic N) [--presets "a;b,key=v;..."]
 //       bytes per token of the raw slot, zstd -3 of it, and each preset's e8kv value
 //   e8kv-fleet-bench latency --model M.gguf (--slot FILE | --synthetic N) --store ADDR [--preset P] [--reps R]
 //       push (compress + publish) and pull (lookup + fetch + restore) times, and the store part alone
@@ -39,7 +39,7 @@ using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
 
 struct Args {
-  std::string model, slot, store, presets = "quant-k3v2,tier-k3v2,quant-k4v4", preset = "quant-k3v2";
+  std::string model, slot, store, presets = "quant-k3v2;tier-k3v2,scorer=key-key;quant-k4v4", preset = "quant-k3v2";
   size_t synthetic = 0, chunk = 256, reps = 9, clients = 4, docs = 6;
   double seconds = 20;
 };
@@ -113,7 +113,7 @@ fleet::FleetModel fleet_model(const Model& m, const std::vector<KVCompressor>& c
 std::vector<std::string> split(const std::string& s) {
   std::vector<std::string> out;
   std::stringstream ss(s);
-  for (std::string x; std::getline(ss, x, ',');) if (!x.empty()) out.push_back(x);
+  for (std::string x; std::getline(ss, x, ';');) if (!x.empty()) out.push_back(x);
   return out;
 }
 
@@ -143,8 +143,8 @@ int sizes(const Args& a, const Model& m, const std::vector<uint8_t>& slot) {
                 static_cast<double>(slot.size()) / packed.size(), ms);
   }
   std::printf("(%zu tokens; e8kv values are the compressed state with the slot's token list; the store adds a "
-              "~%zu-byte envelope, and %zu-byte references per shorter 256-token prefix)\n",
-              sf.tokens.size(), size_t{110}, size_t{150});
+              "~%zu-byte envelope (with the key), and a ~%zu-byte reference per shorter 256-token prefix)\n",
+              sf.tokens.size(), size_t{114}, size_t{188});
   return 0;
 }
 
