@@ -70,17 +70,22 @@ class KVCompressor {
   /// when `position` precedes a stored token of the layer (the query would see its future).
   void attend(const CompressedKV& cache, int layer, const float* q, int32_t position, float* out) const;
 
+  /// Empty when this compressor accepts caches of `layout` (extend, append, drop_before; the C
+  /// ABI's e8kv_deserialize checks a container with it): its own layout, or with a rate budget
+  /// (Config::rate_budget, index_budget) that layout with per-layer codes the budget may choose.
+  /// Otherwise the first difference, named as entropy::layout_difference names it.
+  std::string layout_difference(const CacheLayout& layout) const;
+
  private:
   /// Throws unless the cache was made with this compressor's layout (by it, or read back; with a
   /// rate budget the per-layer codes are the cache's own).
   void check_cache(const CompressedKV& cache, const char* what) const;
-  /// Config::rate_budget's per-layer codes for a prefill (sensitivity per layer, then the
-  /// allocator); protected layers stay fp16. positions: the prefill's, checked
-  /// (checked_chunk_positions). layer_tokens (empty: every layer alike): the tokens each layer
-  /// will code, which weigh its bits in the budget.
-  std::vector<LayerRate> allocate_rates(const SequenceKV& prefill, const std::vector<LayerQueries>* queries,
-                                        Executor* executor, const std::vector<int32_t>& positions,
-                                        const std::vector<int64_t>& layer_tokens) const;
+  /// What the rate allocation reads of a prefill: per layer the sensitivity, and whether it is
+  /// protected (fixed, at fixed_rate: fp16).
+  struct Sensitivities;
+  /// positions: the prefill's, checked (checked_chunk_positions).
+  Sensitivities layer_sensitivities(const SequenceKV& prefill, const std::vector<LayerQueries>* queries,
+                                    Executor* executor, const std::vector<int32_t>& positions) const;
   /// Every layer's scores of a chunk, for the selections made over all layers at once.
   struct ChunkScores;
   ChunkScores score_chunk(const SequenceKV& chunk, const std::vector<LayerQueries>* queries, Executor* executor,
