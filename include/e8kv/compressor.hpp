@@ -36,10 +36,15 @@ class KVCompressor {
 
   /// Compresses a prefill: scores (attention scorers need `queries`, one LayerQueries per layer),
   /// evicts, removes RoPE, rotates, quantizes. Inputs are rounded to fp16 first (the cache's
-  /// working precision), so compressing at once equals compressing a prefix and appending.
+  /// working precision), so without chunk-level rules compressing at once equals compressing a
+  /// prefix and appending; eviction, the tiers and the rate budget are decided per chunk
+  /// (docs/architecture.md, "Prefix consistency, per preset").
   /// `executor` (optional) plans the layers in parallel; the result does not depend on it.
-  /// With Config::rate_budget the layers' codes are chosen from this prefill first
-  /// (select/rate_allocation.hpp) and recorded in the cache's layout; extend and append keep them.
+  /// With Config::rate_budget or index_budget the layers' codes are chosen from this prefill
+  /// first (select/rate_allocation.hpp) and recorded in the cache's layout; extend and append keep
+  /// them. rate_budget (`budget=`) compresses twice (the first pass, at the cheapest codes,
+  /// measures the side data) and throws e8kv::Error, giving the minimum, when the chunk cannot
+  /// meet it.
   CompressedKV compress(const SequenceKV& prefill, const std::vector<LayerQueries>* queries = nullptr,
                         Executor* executor = nullptr) const;
   /// Ragged batch: one CompressedKV per sequence (queries[b] per sequence, or nullptr).
