@@ -532,11 +532,15 @@ e8kv_status e8kv_deserialize(const void* data, size_t size, const e8kv_compresso
     e8kv::entropy::DeserializeOptions options;
     if (compressor != nullptr) {
       const e8kv::entropy::ContainerInfo info = e8kv::entropy::read_info(bytes, size, options);
-      const std::string diff = e8kv::entropy::layout_difference(info.layout, compressor->codecs->layout());
+      // The compressor's own check: with a rate budget (budget=, index_budget=) each cache has the
+      // per-layer codes its compress chose, which the compressor accepts (KVCompressor::append).
+      const std::string diff = compressor->compressor.layout_difference(info.layout);
       if (!diff.empty())
         fail(E8KV_ERROR_INVALID_ARGUMENT,
              "the container was written with another configuration or shape than the compressor's (" + diff + ")");
-      options.codecs = compressor->codecs;
+      // Codecs are shared only when the layouts are equal (a budget's cache has codes of its own).
+      if (e8kv::entropy::layout_difference(info.layout, compressor->codecs->layout()).empty())
+        options.codecs = compressor->codecs;
     }
     auto result = std::make_unique<e8kv_cache>();
     result->kv = e8kv::entropy::deserialize(bytes, size, options);

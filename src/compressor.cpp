@@ -170,14 +170,25 @@ std::vector<int32_t> checked_chunk_positions(const SequenceKV& chunk, const std:
 
 }  // namespace
 
-std::vector<LayerRate> KVCompressor::allocate_rates(const SequenceKV& prefill, const std::vector<LayerQueries>* queries,
-                                                    Executor* executor, const std::vector<int32_t>& pos,
-                                                    const std::vector<int64_t>& layer_tokens) const {
+/// What layer_sensitivities gives.
+struct KVCompressor::Sensitivities {
+  std::vector<select::LayerSensitivity> sensitivity;
+  std::vector<bool> fixed;
+  std::vector<LayerRate> fixed_rate;
+};
+
+KVCompressor::Sensitivities KVCompressor::layer_sensitivities(const SequenceKV& prefill,
+                                                              const std::vector<LayerQueries>* queries,
+                                                              Executor* executor, const std::vector<int32_t>& pos) const {
   const int L = shape_.n_layers;
   const int64_t n = prefill.tokens();
-  std::vector<bool> fixed(static_cast<size_t>(L));
-  std::vector<LayerRate> fixed_rate(static_cast<size_t>(L));
-  std::vector<select::LayerSensitivity> sensitivity(static_cast<size_t>(L));
+  Sensitivities out;
+  std::vector<bool>& fixed = out.fixed;
+  std::vector<LayerRate>& fixed_rate = out.fixed_rate;
+  std::vector<select::LayerSensitivity>& sensitivity = out.sensitivity;
+  fixed.resize(static_cast<size_t>(L));
+  fixed_rate.resize(static_cast<size_t>(L));
+  sensitivity.resize(static_cast<size_t>(L));
   const auto& layout = codecs_->layout();
   run_tasks(executor, L, [&](int64_t li) {
     const int l = static_cast<int>(li);
@@ -211,8 +222,7 @@ std::vector<LayerRate> KVCompressor::allocate_rates(const SequenceKV& prefill, c
     in.rope = config_.key_frame == transform::KeyFrame::kPostRope ? nullptr : &codecs_->rope();
     sensitivity[static_cast<size_t>(l)] = select::estimate_sensitivity(in);
   });
-  return select::allocate_rates(sensitivity, select::block_rate_options(shape_.head_dim), config_.rate_budget, fixed,
-                                fixed_rate, layer_tokens);
+  return out;
 }
 
 /// What score_chunk gives: per layer the per-token scores with the KV heads combined
@@ -257,7 +267,7 @@ KVCompressor::ChunkScores KVCompressor::score_chunk(const SequenceKV& chunk, con
 
 CompressedKV KVCompressor::compress(const SequenceKV& prefill, const std::vector<LayerQueries>* queries,
                                     Executor* executor) const {
-  if (config_.rate_budget <= 0.0) {
+  if (config_.rate_budget <= 0.0 && config_.index_budget <= 0.0) {
     CompressedKV cache(codecs_);
     extend(cache, prefill, queries, executor);
     return cache;
@@ -281,12 +291,97 @@ CompressedKV KVCompressor::compress(const SequenceKV& prefill, const std::vector
                            select::tier_count(n, config_.fp16_tier + config_.code_tier);
     for (int64_t evicted : scored->spread_counts) layer_tokens.push_back(std::max<int64_t>(n - evicted - pinned, 0));
   }
-  Config allocated = config_;
-  allocated.layer_rates = allocate_rates(prefill, queries, executor, pos, layer_tokens);
-  allocated.rate_budget = 0.0;
-  CompressedKV cache(std::make_shared<const CacheCodecs>(make_layout(allocated, shape_), *codecs_));
-  extend_scored(cache, prefill, queries, executor, scored.get(), pos);
-  return cache;
+  const Sensitivities s = layer_sensitivities(prefill, queries, executor, pos);
+  const std::vector<select::RateOption>& options = select::block_rate_options(shape_.head_dim);
+  // The chunk compressed with given per-layer codes (extend_scored consumes the scores: a copy each).
+  auto compress_with = [&](const std::vector<LayerRate>& rates) {
+    Config allocated = config_;
+    allocated.layer_rates = rates;
+    allocated.rate_budget = 0.0;
+    allocated.index_budget = 0.0;
+    CompressedKV cache(std::make_shared<const CacheCodecs>(make_layout(allocated, shape_), *codecs_));
+    std::unique_ptr<ChunkScores> copy = scored ? std::make_unique<ChunkScores>(*scored) : nullptr;
+    extend_scored(cache, prefill, queries, executor, copy.get(), pos);
+    return cache;
+  };
+  if (config_.index_budget > 0.0)
+    return compress_with(select::allocate_rates(s.sensitivity, options, config_.index_budget, s.fixed, s.fixed_rate,
+                                                layer_tokens));
+
+  // Bits per element as bytes() counts them. Everything but the index bits (gains, means,
+  // positions, the fp16 window, sinks and tiers, the descriptor) is fixed by the chunk's tokens
+  // and the configuration, not by the codes chosen: a first pass at the cheapest codes measures
+  // it and each free layer's coded vectors; the budget less that is what the indices may spend.
+  std::vector<LayerRate> cheapest(static_cast<size_t>(shape_.n_layers));
+  for (size_t l = 0; l < cheapest.size(); ++l)
+    cheapest[l] = s.fixed[l] ? s.fixed_rate[l] : LayerRate{options.front().codec, options.front().codec};
+  CompressedKV probe = compress_with(cheapest);
+  if (n == 0) return probe;
+  const double elements = static_cast<double>(n) * shape_.n_layers * shape_.n_kv_heads * shape_.head_dim * 2;
+  std::vector<int64_t> coded(static_cast<size_t>(shape_.n_layers), 0);
+  double coded_elements = 0.0;  // keys and values of the free layers' coded vectors
+  for (int l = 0; l < shape_.n_layers; ++l) {
+    if (s.fixed[static_cast<size_t>(l)]) continue;
+    for (int h = 0; h < shape_.n_kv_heads; ++h) coded[static_cast<size_t>(l)] += probe.coded_tokens(l, h);
+    coded_elements += 2.0 * static_cast<double>(coded[static_cast<size_t>(l)]) * shape_.head_dim;
+  }
+  const double probe_bits = 8.0 * static_cast<double>(probe.bytes());
+  const double side_bits = probe_bits - options.front().bits * coded_elements;
+  const double budget_bits = config_.rate_budget * elements;
+  if (probe_bits > budget_bits) {
+    const double minimum = std::ceil(probe_bits / elements * 1e4) / 1e4;  // printed rounded up: it is met
+    detail::fail("compress: budget={} bits per element cannot be met by this chunk of {} tokens: at that length the "
+                 "cache needs at least {:.4f} bits per element ({:.4f} of them fp16 window, sinks, tiers, gains, means, "
+                 "positions and descriptor, which every code choice pays; the rest the cheapest codes, {}). Accepted: "
+                 "a budget of at least {:.4f} for this length, a longer chunk (the side data's share falls with "
+                 "length), or index_budget= to budget the index bits alone",
+                 config_.rate_budget, n, minimum, side_bits / elements, quant::to_string(options.front().codec),
+                 minimum);
+  }
+  // Index bits per coded element the budget leaves; a chunk that codes nothing meets any budget
+  // its side data meets, and gets the dearest codes (for the tokens appended later).
+  double index_bits = coded_elements > 0.0 ? (budget_bits - side_bits) / coded_elements : options.back().bits;
+  std::vector<int64_t> weights(coded);
+  if (coded_elements <= 0.0) weights.clear();
+  // Without a code tier the side data does not depend on the codes and the first allocation is
+  // the answer. With one, a layer whose codes reach the tier's rates codes its promoted tokens in
+  // its own stream (CacheLayout::layer_has_code_tier), which moves bytes between the side data and
+  // the codes: then the bytes measured steer a few more tries, and the largest cache within the
+  // budget is kept (the cheapest codes' always is).
+  CompressedKV best = std::move(probe);
+  double best_bits = probe_bits;
+  std::vector<std::vector<LayerRate>> tried{cheapest};
+  auto same_rates = [](const std::vector<LayerRate>& a, const std::vector<LayerRate>& b) {
+    for (size_t l = 0; l < a.size(); ++l)
+      if (a[l].key != b[l].key || a[l].value != b[l].value) return false;
+    return true;
+  };
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    index_bits = std::min<double>(index_bits, options.back().bits);
+    if (index_bits < options.front().bits) break;
+    const std::vector<LayerRate> rates =
+        select::allocate_rates(s.sensitivity, options, index_bits, s.fixed, s.fixed_rate, weights);
+    if (std::any_of(tried.begin(), tried.end(), [&](const auto& t) { return same_rates(t, rates); })) break;
+    tried.push_back(rates);
+    CompressedKV cache = compress_with(rates);
+    const double bits = 8.0 * static_cast<double>(cache.bytes());
+    const double mean = select::mean_index_bits(rates, options, s.fixed, weights);
+    if (coded_elements <= 0.0) {
+      if (bits <= budget_bits) best = std::move(cache);
+      break;
+    }
+    // Spend what is left, or give back what is over, at the measured rate.
+    index_bits = mean + (budget_bits - bits) / coded_elements;
+    if (bits <= budget_bits) {
+      if (bits > best_bits) {
+        best = std::move(cache);
+        best_bits = bits;
+      }
+    } else {
+      index_bits = std::min(index_bits, mean - 1e-9);
+    }
+  }
+  return best;
 }
 
 std::vector<CompressedKV> KVCompressor::compress_batch(const std::vector<SequenceKV>& batch,
@@ -299,17 +394,37 @@ std::vector<CompressedKV> KVCompressor::compress_batch(const std::vector<Sequenc
   return out;
 }
 
+std::string KVCompressor::layout_difference(const CacheLayout& layout) const {
+  CacheLayout mine = codecs_->layout();
+  // With a rate budget every cache has its own per-layer codes: each must be one the budget may
+  // choose for that layer (a protected layer's own, else one of the block rate options); the
+  // rest must match.
+  if ((config_.rate_budget > 0.0 || config_.index_budget > 0.0) && layout.n_layers == mine.n_layers &&
+      layout.key_codec.size() == mine.key_codec.size() && layout.value_codec.size() == mine.value_codec.size()) {
+    const auto& options = select::block_rate_options(shape_.head_dim);
+    auto allowed = [&](quant::Codec c, quant::Codec protected_codec, bool is_fixed) {
+      if (is_fixed) return c == protected_codec;
+      return std::any_of(options.begin(), options.end(), [&](const select::RateOption& o) { return o.codec == c; });
+    };
+    for (int l = 0; l < mine.n_layers; ++l) {
+      const LayerRate r = config_.layer_rate(l, mine.n_layers);
+      const bool is_fixed = r.key == quant::Codec::kFp16 && r.value == quant::Codec::kFp16;
+      const size_t i = static_cast<size_t>(l);
+      if (!allowed(layout.key_codec[i], r.key, is_fixed) || !allowed(layout.value_codec[i], r.value, is_fixed))
+        return fmt::format("key_codec[{}] / value_codec[{}] {} / {}: not a code the budget chooses for that layer", l,
+                           l, quant::to_string(layout.key_codec[i]), quant::to_string(layout.value_codec[i]));
+      mine.key_codec[i] = layout.key_codec[i];
+      mine.value_codec[i] = layout.value_codec[i];
+    }
+  }
+  return entropy::layout_difference(layout, mine);
+}
+
 void KVCompressor::check_cache(const CompressedKV& cache, const char* what) const {
   detail::require(cache.valid(), "{}: the cache is empty (default-constructed)", what);
   if (cache.shared_codecs() == codecs_) return;
   // A cache read back from a container carries codecs of its own: equal layouts are the same codec.
-  // With a rate budget every cache has its own per-layer codes: the rest must match.
-  CacheLayout mine = codecs_->layout();
-  if (config_.rate_budget > 0.0 && cache.layout().n_layers == mine.n_layers) {
-    mine.key_codec = cache.layout().key_codec;
-    mine.value_codec = cache.layout().value_codec;
-  }
-  const std::string diff = entropy::layout_difference(cache.layout(), mine);
+  const std::string diff = layout_difference(cache.layout());
   detail::require(diff.empty(), "{}: the cache was made with another layout ({})", what, diff);
 }
 

@@ -152,13 +152,18 @@ void Config::validate(const ModelShape& shape) const {
   if (!layer_rates.empty() && static_cast<int>(layer_rates.size()) != shape.n_layers)
     throw Error(fmt::format("Config.layer_rates has {} entries; accepted: none, or one per layer ({})",
                             layer_rates.size(), shape.n_layers));
-  if (rate_budget != 0.0 && rate_budget < 2.0)
-    throw Error(fmt::format("Config.rate_budget (spec key 'budget') is {}; accepted: 0 (off) or 2 to 4 index bits "
-                            "per element",
-                            rate_budget));
-  if (rate_budget != 0.0 && !layer_rates.empty())
-    throw Error("Config.rate_budget (spec key 'budget') and Config.layer_rates both set; accepted: one of them (the "
-                "budget chooses the per-layer codes itself)");
+  if (index_budget != 0.0 && index_budget < 2.0)
+    throw Error(fmt::format("Config.index_budget (spec key 'index_budget') is {}; accepted: 0 (off) or 2 to 4 index "
+                            "bits per element",
+                            index_budget));
+  if (rate_budget != 0.0 && index_budget != 0.0)
+    throw Error("Config.rate_budget (spec key 'budget', bits per element as bytes() counts them) and "
+                "Config.index_budget (spec key 'index_budget', index bits only) both set; accepted: one of them");
+  if ((rate_budget != 0.0 || index_budget != 0.0) && !layer_rates.empty())
+    throw Error(fmt::format("Config.{} (spec key '{}') and Config.layer_rates both set; accepted: one of them (the "
+                            "budget chooses the per-layer codes itself)",
+                            rate_budget != 0.0 ? "rate_budget" : "index_budget",
+                            rate_budget != 0.0 ? "budget" : "index_budget"));
   if (fp16_tier + code_tier >= 1.0)
     throw Error(fmt::format("Config.fp16_tier + Config.code_tier (spec keys 'fp16_tier', 'code_tier') is {}; accepted: "
                             "below 1",

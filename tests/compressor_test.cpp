@@ -1215,7 +1215,7 @@ TEST(Compressor, CodeTierOnlyInLayersItRaises) {
     EXPECT_EQ(r.tier_tokens(l) > 0, want[static_cast<size_t>(l)]) << "layer " << l;
     EXPECT_EQ(r.stored_tokens(l), spec.tokens);
   }
-  const Config budget = Config::parse("preset=quant-k2v2,budget=2.5,code_tier=0.05");
+  const Config budget = Config::parse("preset=quant-k2v2,index_budget=2.5,code_tier=0.05");
   const CompressedKV bc = KVCompressor(f.shape, budget).compress(f.seq, &f.queries);
   for (int l = 0; l < spec.n_layers; ++l) {
     EXPECT_EQ(bc.tier_tokens(l) > 0, bc.layout().layer_has_code_tier(l)) << "layer " << l;

@@ -41,6 +41,7 @@ void expect_config_eq(const Config& a, const Config& b, const std::string& where
     EXPECT_EQ(a.layer_rates[l].value, b.layer_rates[l].value) << "layer " << l;
   }
   EXPECT_TRUE(same_bits(a.rate_budget, b.rate_budget)) << a.rate_budget << " vs " << b.rate_budget;
+  EXPECT_TRUE(same_bits(a.index_budget, b.index_budget)) << a.index_budget << " vs " << b.index_budget;
   EXPECT_EQ(a.rotation_seed, b.rotation_seed);
   EXPECT_EQ(a.key_frame, b.key_frame);
   EXPECT_EQ(a.rope.layout, b.rope.layout);
@@ -91,6 +92,7 @@ TEST(ConfigFields, ExpectConfigEqCoversEveryField) {
     int protect_boundary;
     std::vector<LayerRate> layer_rates;
     double rate_budget;
+    double index_budget;
     uint64_t rotation_seed;
     transform::KeyFrame key_frame;
     transform::RopeParams rope;

@@ -406,8 +406,8 @@ def main():
     for spec_name, spec in [("quant-k3v2", "preset=quant-k3v2"), ("quant-k2v2", "preset=quant-k2v2"),
                             ("quant-k4v4", "preset=quant-k4v4"), ("high", "preset=high"),
                             ("asym", "preset=asym"), ("balanced", "preset=balanced"), ("max", "preset=max"),
-                            ("budget=2.5", "preset=quant-k3v2,budget=2.5"),
-                            ("budget=2.25", "preset=quant-k3v2,budget=2.25")]:
+                            ("budget=2.5", "preset=quant-k3v2,index_budget=2.5"),
+                            ("budget=2.25", "preset=quant-k3v2,index_budget=2.25")]:
         rows.append((Row(f"e8kv {spec_name}", "e8kv", "quant" if "quant" in spec_name or "budget" in spec_name
                          else "evict+quant"),
                      ("e8kv", spec)))

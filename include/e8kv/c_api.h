@@ -16,8 +16,10 @@
  * e8kv_last_error() returns a message naming the function, the argument and the accepted values.
  * The message is per thread (thread-local) and stays until the next failing call on the same
  * thread; successful calls leave it unchanged. No C++ exception ever leaves a function of this
- * header. A call that fails leaves its cache exactly as it was (the C++ API's guarantee), and
- * sets every handle it would have returned to NULL.
+ * header. A call that fails leaves its cache exactly as it was (the C++ API's guarantee), sets
+ * every handle or buffer pointer it would have returned to NULL, and writes nothing into a caller's
+ * buffer it refuses (other scalar outputs are unspecified unless the function says otherwise;
+ * tests/c_api_contract_test.c checks every function's error paths).
  *
  * OWNERSHIP. Handles (e8kv_compressor, e8kv_cache, e8kv_thread_pool) are created by their
  * *_create function (caches also by e8kv_compress and e8kv_deserialize) and freed by the matching
@@ -238,10 +240,11 @@ E8KV_C_EXPORT e8kv_status e8kv_serialize_alloc(const e8kv_cache* cache, void** b
 E8KV_C_EXPORT void e8kv_free(void* buffer) E8KV_NOEXCEPT;
 /* Reads a compressed-cache container into a new cache. Nothing in `data` is trusted: damage,
  * truncation and inconsistency give E8KV_ERROR_CORRUPT_DATA. compressor (may be NULL): the
- * container's configuration and shape must then equal the compressor's (else
- * E8KV_ERROR_INVALID_ARGUMENT naming the first differing field), and the cache shares its codecs,
- * which makes later e8kv_append calls cheaper. The result attends and appends exactly like the
- * cache that was written. */
+ * container's configuration and shape must then be one the compressor accepts for e8kv_append
+ * (its own; with budget= or index_budget=, with the per-layer codes that cache's compress chose),
+ * else E8KV_ERROR_INVALID_ARGUMENT naming the first differing field; the cache then shares the
+ * compressor's codecs where the layouts are equal, which saves rebuilding them. The result
+ * attends and appends exactly like the cache that was written. */
 E8KV_C_EXPORT e8kv_status e8kv_deserialize(const void* data, size_t size, const e8kv_compressor* compressor,
                                            e8kv_cache** cache) E8KV_NOEXCEPT;
 

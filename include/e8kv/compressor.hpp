@@ -36,10 +36,15 @@ class KVCompressor {
 
   /// Compresses a prefill: scores (attention scorers need `queries`, one LayerQueries per layer),
   /// evicts, removes RoPE, rotates, quantizes. Inputs are rounded to fp16 first (the cache's
-  /// working precision), so compressing at once equals compressing a prefix and appending.
+  /// working precision), so without chunk-level rules compressing at once equals compressing a
+  /// prefix and appending; eviction, the tiers and the rate budget are decided per chunk
+  /// (docs/architecture.md, "Prefix consistency, per preset").
   /// `executor` (optional) plans the layers in parallel; the result does not depend on it.
-  /// With Config::rate_budget the layers' codes are chosen from this prefill first
-  /// (select/rate_allocation.hpp) and recorded in the cache's layout; extend and append keep them.
+  /// With Config::rate_budget or index_budget the layers' codes are chosen from this prefill
+  /// first (select/rate_allocation.hpp) and recorded in the cache's layout; extend and append keep
+  /// them. rate_budget (`budget=`) compresses twice (the first pass, at the cheapest codes,
+  /// measures the side data) and throws e8kv::Error, giving the minimum, when the chunk cannot
+  /// meet it.
   CompressedKV compress(const SequenceKV& prefill, const std::vector<LayerQueries>* queries = nullptr,
                         Executor* executor = nullptr) const;
   /// Ragged batch: one CompressedKV per sequence (queries[b] per sequence, or nullptr).
@@ -70,17 +75,22 @@ class KVCompressor {
   /// when `position` precedes a stored token of the layer (the query would see its future).
   void attend(const CompressedKV& cache, int layer, const float* q, int32_t position, float* out) const;
 
+  /// Empty when this compressor accepts caches of `layout` (extend, append, drop_before; the C
+  /// ABI's e8kv_deserialize checks a container with it): its own layout, or with a rate budget
+  /// (Config::rate_budget, index_budget) that layout with per-layer codes the budget may choose.
+  /// Otherwise the first difference, named as entropy::layout_difference names it.
+  std::string layout_difference(const CacheLayout& layout) const;
+
  private:
   /// Throws unless the cache was made with this compressor's layout (by it, or read back; with a
   /// rate budget the per-layer codes are the cache's own).
   void check_cache(const CompressedKV& cache, const char* what) const;
-  /// Config::rate_budget's per-layer codes for a prefill (sensitivity per layer, then the
-  /// allocator); protected layers stay fp16. positions: the prefill's, checked
-  /// (checked_chunk_positions). layer_tokens (empty: every layer alike): the tokens each layer
-  /// will code, which weigh its bits in the budget.
-  std::vector<LayerRate> allocate_rates(const SequenceKV& prefill, const std::vector<LayerQueries>* queries,
-                                        Executor* executor, const std::vector<int32_t>& positions,
-                                        const std::vector<int64_t>& layer_tokens) const;
+  /// What the rate allocation reads of a prefill: per layer the sensitivity, and whether it is
+  /// protected (fixed, at fixed_rate: fp16).
+  struct Sensitivities;
+  /// positions: the prefill's, checked (checked_chunk_positions).
+  Sensitivities layer_sensitivities(const SequenceKV& prefill, const std::vector<LayerQueries>* queries,
+                                    Executor* executor, const std::vector<int32_t>& positions) const;
   /// Every layer's scores of a chunk, for the selections made over all layers at once.
   struct ChunkScores;
   ChunkScores score_chunk(const SequenceKV& chunk, const std::vector<LayerQueries>* queries, Executor* executor,

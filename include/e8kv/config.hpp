@@ -42,14 +42,24 @@ struct Config {
   float value_scale = 1.0f;
   int protect_boundary = 0;  ///< the first and the last N layers stay fp16
   std::vector<LayerRate> layer_rates;  ///< empty, or one entry per layer (overrides the two codecs)
-  /// Rate allocation (select/rate_allocation.hpp): when > 0, compress() chooses each layer's key
-  /// and value codes among E8P / Rvq3 / Rvq4 (2 / 3 / 4 index bits per element) so that their mean
-  /// index bits over the unprotected layers' keys and values (per coded element: with
-  /// layer_adaptive_eviction each layer weighs by the tokens it codes) is at most this (2 to 4), spending
-  /// bits where the observation queries say errors cost the most. The cache records the chosen
-  /// codes (as layer_rates would); key_codec / value_codec are then unused, layer_rates must be
-  /// empty. Gains, means, positions and the fp16 window come on top (docs/accuracy.md counts them).
+  /// Rate allocation (select/rate_allocation.hpp), spec key `budget`: when > 0, compress()
+  /// chooses each layer's key and value codes among E8P / Rvq3 / Rvq4 (2 / 3 / 4 index bits per
+  /// element) so that the cache it returns has bits_per_element() <= this: bits as bytes() counts
+  /// them (codes, gains, means, positions, the fp16 window, sinks and tiers, the descriptor) for
+  /// the chunk compressed. It measures that side data at the chunk's length (a first pass at the
+  /// cheapest codes), solves for the index bits left, and spends them where the observation
+  /// queries say errors cost the most. A budget the chunk cannot meet even at the cheapest codes
+  /// (a short chunk is mostly fp16 window and sinks) is refused with e8kv::Error giving the
+  /// minimum at that length; one above the dearest codes gets them. The cache records the chosen
+  /// codes (as layer_rates would; extend and append keep them); key_codec / value_codec are then
+  /// unused, layer_rates must be empty. 0: off.
   double rate_budget = 0.0;
+  /// The same allocation with the budget in index bits only (spec key `index_budget`, 2 to 4): the
+  /// mean index bits per coded element over the unprotected layers' keys and values (with
+  /// layer_adaptive_eviction each layer weighs by the tokens it codes) is at most this; gains,
+  /// means, positions and the fp16 window come on top. (Before issue 40 this was `budget`.)
+  /// Excludes rate_budget. 0: off.
+  double index_budget = 0.0;
   uint64_t rotation_seed = 0x5EED'E8C0'DE00'0001ull;  ///< per (layer, head) signs derive from it
 
   /// The frame keys are coded in (transform::KeyFrame): "residual" (k − R_t·μ), "pre" (RoPE
@@ -144,7 +154,7 @@ struct Config {
   ///   (layer_adaptive_eviction), fp16_sinks, center,
   ///   mean_tokens, qweight, gain_bits, gqa (mean | max), head_agg, scorer_seed, seed
   ///   (rotation_seed), softmax_scale,
-  ///   layer_rates (key/value per layer, ';' between layers), budget (rate_budget), rope_layout (split-half |
+  ///   layer_rates (key/value per layer, ';' between layers), budget (rate_budget), index_budget, rope_layout (split-half |
   ///   interleaved), rope_scaling (none, linear, dynamic, llama3, yarn), rope_head_dim,
   ///   rope_dim, rope_original_max_position, rope_theta, rope_factor, rope_low_freq_factor,
   ///   rope_high_freq_factor, rope_beta_fast, rope_beta_slow, rope_attention_factor.

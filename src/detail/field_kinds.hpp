@@ -107,8 +107,10 @@ constexpr Reals finite() {
 }
 constexpr Reals positive() { return Reals{0.0, std::numeric_limits<double>::infinity(), true, true}; }
 constexpr Reals fraction_below_one() { return Reals{0.0, 1.0, false, true}; }
-/// Config::rate_budget: 0 (off) or 2..4 index bits per element (Config::validate checks the gap).
-constexpr Reals rate_budget_bits() { return Reals{0.0, 4.0, false, false}; }
+/// Config::rate_budget: 0 (off) or bits per element as bytes() counts them (up to 64).
+constexpr Reals rate_budget_bits() { return Reals{0.0, 64.0, false, false}; }
+/// Config::index_budget: 0 (off) or 2..4 index bits per element (Config::validate checks the gap).
+constexpr Reals index_budget_bits() { return Reals{0.0, 4.0, false, false}; }
 
 /// A bool, spelled 0/1 (also true/false, yes/no), or by two names (`off`, `on`) only.
 struct Flag {

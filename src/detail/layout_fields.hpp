@@ -87,6 +87,7 @@ inline constexpr size_t kLayoutRecordBytes = 128;
   SHARED(softmax_scale, softmax_scale, "softmax_scale", finite(), 32, wire::f32, v1)                                 \
   CONFIG(layer_rates, "layer_rates", rates())                                                                        \
   CONFIG(rate_budget, "budget", rate_budget_bits())                                                                  \
+  CONFIG(index_budget, "index_budget", index_budget_bits())                                                          \
   SHARED(rope.layout, rope.layout, "rope_layout", names<transform::RopeLayout>(kRopeLayoutNames), 56, wire::u8, v1)  \
   SHARED(rope.scaling, rope.scaling, "rope_scaling", names<transform::RopeScaling>(kRopeScalingNames), 57, wire::u8, \
          v1)                                                                                                         \

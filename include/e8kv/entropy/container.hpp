@@ -127,9 +127,10 @@ struct DeserializeOptions {
   /// or fuzzing the structural checks) keeps every other check.
   bool verify_checksums = true;
   /// Codecs to give the result when their layout equals the container's (e.g. those of the
-  /// local compressor's caches: KVCompressor::append needs the cache to share its codecs, and
-  /// rebuilding codecs costs milliseconds). A different layout raises e8kv::Error naming the
-  /// first differing field. Null: fresh codecs are built from the header.
+  /// local compressor's caches): it saves rebuilding them, which costs milliseconds.
+  /// KVCompressor::append accepts the cache either way (any cache of a layout it accepts,
+  /// KVCompressor::layout_difference). A different layout raises e8kv::Error naming the first
+  /// differing field. Null: fresh codecs are built from the header.
   std::shared_ptr<const CacheCodecs> codecs;
 };
 
