@@ -47,7 +47,7 @@ class Progress {
     bar_drawn_ = true;
     const double frac = total_ > 0 ? std::min(1.0, (done_ + std::max(0.0, std::min(1.0, within))) / total_) : 1.0;
     const int width = 30, filled = static_cast<int>(frac * width);
-    std::fprintf(out_, "\r[%s] %-26.26s [%s%s] %3d/%d %5.0f s%s", tool_.c_str(), what.c_str(),
+    std::fprintf(out_, "\r[%s] %-26.26s [%s%s] %3d/%d %5.0f s%-22s", tool_.c_str(), what.c_str(),
                  std::string(static_cast<size_t>(filled), '#').c_str(),
                  std::string(static_cast<size_t>(width - filled), '.').c_str(), done_ + 1 > total_ ? total_ : done_ + 1,
                  total_, s, eta_text(frac).c_str());

@@ -373,7 +373,7 @@ class Progress:
         filled = int(frac * 30)
         sys.stderr.write(f"\r[peers] {what[:26]:26s} [{'#' * filled}{'.' * (30 - filled)}] "
                          f"{min(self.done + 1, self.total)}/{self.total} {time.time() - self.start:5.0f} s"
-                         f"{self._eta(frac)}")
+                         f"{self._eta(frac):22s}")
         sys.stderr.flush()
 
     def unit_done(self, what):
