@@ -335,7 +335,7 @@ std::string label_of(const RowStats& r) {
 
 std::string quality_svg(const Protocol& p, const std::vector<RowStats>& rows) {
   // Canvas: plot on the left, legend on the right, the KL = 0 strip under the log axis.
-  const double W = 960, H = 560, left = 78, right = 620, top = 64, log_bottom = 440, zero_y = 468;
+  const double W = 960, H = 580, left = 78, right = 620, top = 64, log_bottom = 440, zero_y = 468;
   const double char_w = 6.4, font = 12;  // label box estimate at 12 px sans-serif
   double bmin = 1e9, bmax = 0, kmin = 1e9, kmax = 0;
   for (const auto& r : rows) {
@@ -448,14 +448,30 @@ std::string quality_svg(const Protocol& p, const std::vector<RowStats>& rows) {
       << "\" r=\"10\" fill=\"none\" stroke=\"#555555\" stroke-width=\"1.3\"/>\n";
 
   // Markers, then labels placed where they overlap nothing drawn so far.
+  // e8kv's points first, peers over them, the reference last: where two coincide both stay visible
+  // (the smaller peer marker on the larger disc), and a note under the axis names them.
   const size_t first_marker = taken.size();
   for (size_t i = 0; i < rows.size(); ++i) {
-    const auto& r = rows[i];
-    const double x = X(r.bits), y = Y(r.kl);
+    const double x = X(rows[i].bits), y = Y(rows[i].kl);
     const double ring = std::find(front.begin(), front.end(), i) != front.end() ? 11 : 7;
     taken.push_back({x - ring, y - ring, x + ring, y + ring});
-    o << marker(style_of(r).shape, style_of(r).color, x, y) << "\n";
   }
+  for (RowFamily f : {RowFamily::kE8kv, RowFamily::kPeer, RowFamily::kReference})
+    for (const auto& r : rows)
+      if (r.family == f)
+        o << marker(style_of(r).shape, style_of(r).color, X(r.bits), Y(r.kl), f == RowFamily::kPeer ? 4.5 : 5.5)
+          << "\n";
+  std::vector<std::string> coincide;
+  for (size_t i = 0; i < rows.size(); ++i)
+    for (size_t j = i + 1; j < rows.size(); ++j)
+      if (std::hypot(X(rows[i].bits) - X(rows[j].bits), Y(rows[i].kl) - Y(rows[j].kl)) < 10)
+        coincide.push_back(label_of(rows[i]) + " (" + fmt("%.3f", rows[i].bits) + " bits, KL " + kl_text(rows[i].kl) +
+                           ") and " + label_of(rows[j]) + " (" + fmt("%.3f", rows[j].bits) + ", " + kl_text(rows[j].kl) +
+                           ")");
+  auto dist_to_box = [](double px, double py, const Box& b) {
+    const double dx = std::max({b.x0 - px, 0.0, px - b.x1}), dy = std::max({b.y0 - py, 0.0, py - b.y1});
+    return std::hypot(dx, dy);
+  };
   const Box plot{left, top - 4, right + 110, zero_y + 12};
   std::vector<size_t> order(rows.size());
   std::iota(order.begin(), order.end(), size_t{0});
@@ -487,20 +503,34 @@ std::string quality_svg(const Protocol& p, const std::vector<RowStats>& rows) {
       if (b.x0 < plot.x0 || b.x1 > plot.x1 || b.y0 < plot.y0 || b.y1 > plot.y1) cost += 1e6;
       for (size_t t = 0; t < taken.size(); ++t)
         if (t != first_marker + i) cost += b.overlap_area(taken[t]) * 10;
-      cost += static_cast<double>(k);                       // prefer the earlier (nearer) places
+      cost += static_cast<double>(k);  // prefer the earlier (nearer) places
+      // A label must sit nearer its own point than any other point, or it names the wrong one.
+      const double own = dist_to_box(x, y, b);
+      for (size_t j = 0; j < rows.size(); ++j) {
+        const double xj = X(rows[j].bits), yj = Y(rows[j].kl);
+        if (j != i && std::hypot(xj - x, yj - y) >= 10 && dist_to_box(xj, yj, b) < own + 2) cost += 5000;
+      }
       if (cost < best_cost) best_cost = cost, best = k;
     }
     const Cand& c = cands[best];
     taken.push_back(c.box);
     if (std::abs(c.ty - (y + 4)) > 15) {  // a label moved away from its point gets a leader line
-      const double ly = c.ty - 4;
-      o << "<line x1=\"" << x + (c.anchor[0] == 'e' ? -6 : 6) << "\" y1=\"" << y << "\" x2=\"" << c.box.x0 + (c.anchor[0] == 'e' ? w : 0)
-        << "\" y2=\"" << ly << "\" stroke=\"#999999\" stroke-width=\"0.8\"/>\n";
+      const double bx = std::min(std::max(x, c.box.x0), c.box.x1), by = std::min(std::max(y, c.box.y0), c.box.y1);
+      const double d = std::hypot(bx - x, by - y);
+      if (d > 8)
+        o << "<line x1=\"" << x + (bx - x) * 6 / d << "\" y1=\"" << y + (by - y) * 6 / d << "\" x2=\"" << bx << "\" y2=\""
+          << by << "\" stroke=\"#777777\" stroke-width=\"0.8\"/>\n";
     }
     o << "<text x=\"" << c.tx << "\" y=\"" << c.ty << "\" text-anchor=\"" << c.anchor << "\""
       << (r.family == RowFamily::kE8kv ? " fill=\"#1f4f9f\"" : "") << ">" << xml_escape(text) << "</text>\n";
   }
   o << "</g>\n";
+  if (!coincide.empty()) {
+    std::string note = "Coinciding points: ";
+    for (size_t k = 0; k < coincide.size(); ++k) note += (k ? "; " : "") + coincide[k];
+    o << "<text x=\"" << left << "\" y=\"" << H - 12 << "\" font-size=\"11\" fill=\"#444444\">" << xml_escape(note)
+      << ".</text>\n";
+  }
 
   // Legend: one entry per family or peer present, then the front.
   std::vector<Style> seen;
