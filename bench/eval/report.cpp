@@ -50,12 +50,23 @@ std::string xml_escape(const std::string& s) {
   std::string o;
   for (char c : s) {
     switch (c) {
-      case '&': o += "&amp;"; break;
-      case '<': o += "&lt;"; break;
-      case '>': o += "&gt;"; break;
-      case '"': o += "&quot;"; break;
-      case '\'': o += "&apos;"; break;
-      default: o += c;
+      case '&':
+        o += "&amp;";
+        break;
+      case '<':
+        o += "&lt;";
+        break;
+      case '>':
+        o += "&gt;";
+        break;
+      case '"':
+        o += "&quot;";
+        break;
+      case '\'':
+        o += "&apos;";
+        break;
+      default:
+        o += c;
     }
   }
   return o;
@@ -90,7 +101,8 @@ std::vector<Cells> table_cells(const std::vector<RowStats>& rows) {
     c.bits = fmt("%.3f", r.bits);
     c.ratio = fmt("%.2f", r.ratio);
     c.kl = kl_text(r.kl);
-    if (q4 != nullptr && q4->kl > 0 && r.family == RowFamily::kReference) c.vs_q4 = "-";
+    if (q4 != nullptr && q4->kl > 0 && r.family == RowFamily::kReference)
+      c.vs_q4 = "-";
     else if (q4 != nullptr && q4->kl > 0) {
       const double x = r.kl / q4->kl;
       c.vs_q4 = x >= 0.1 ? fmt("%.2f", x) : fmt("%.1g", x);
@@ -98,7 +110,8 @@ std::vector<Cells> table_cells(const std::vector<RowStats>& rows) {
         c.vs_q4 += " ≈";
     }
     c.top1 = fmt("%.3f", r.top1);
-    if (r.family == RowFamily::kReference) c.dppl = "0";
+    if (r.family == RowFamily::kReference)
+      c.dppl = "0";
     else {
       c.dppl = fmt("%+.2f", r.dppl);
       if (r.chunk_dppl.size() < 2 || std::abs(r.dppl) <= r.dppl_ci) c.dppl += " ≈0";
@@ -129,9 +142,9 @@ std::string pad(const std::string& s, size_t w, bool right) {
 }  // namespace
 
 double t95(int dof) {
-  static const double table[] = {0,     12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262,
-                                 2.228, 2.201,  2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093,
-                                 2.086, 2.080,  2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042};
+  static const double table[] = {0,     12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+                                 2.201, 2.179,  2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080,
+                                 2.074, 2.069,  2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042};
   if (dof < 1) return 0;
   if (dof <= 30) return table[dof];
   return 1.96 + 2.4 / dof;  // within 0.3 % of the quantile above 30
@@ -246,8 +259,8 @@ std::string markdown_table(const Protocol& p, const std::vector<RowStats>& rows)
   s << "|---|---|---|---|---|" << (q4 ? "---|" : "") << "---|---|" << (niah ? "---|" : "") << "\n";
   for (const auto& c : cells) {
     s << "| " << c.rank << " | " << c.name << " | " << c.bits << " | " << c.ratio << " | " << c.kl << " |"
-      << (q4 ? " " + c.vs_q4 + " |" : "") << " " << c.top1 << " | " << c.dppl << " |" << (niah ? " " + c.niah + " |" : "")
-      << "\n";
+      << (q4 ? " " + c.vs_q4 + " |" : "") << " " << c.top1 << " | " << c.dppl << " |"
+      << (niah ? " " + c.niah + " |" : "") << "\n";
   }
   return s.str();
 }
@@ -365,7 +378,8 @@ std::string quality_svg(const Protocol& p, const std::vector<RowStats>& rows) {
     << "\" viewBox=\"0 0 " << W << " " << H << "\" font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\">\n";
   o << "<title>e8kv-eval: next-token KL against honest bits per element</title>\n";
   o << "<rect x=\"0\" y=\"0\" width=\"" << W << "\" height=\"" << H << "\" fill=\"#ffffff\"/>\n";
-  o << "<text x=\"" << left << "\" y=\"26\" font-size=\"16\" font-weight=\"bold\">Quality against size: next-token KL vs "
+  o << "<text x=\"" << left
+    << "\" y=\"26\" font-size=\"16\" font-weight=\"bold\">Quality against size: next-token KL vs "
        "honest bits per element</text>\n";
   {
     std::ostringstream sub;
@@ -395,8 +409,8 @@ std::string quality_svg(const Protocol& p, const std::vector<RowStats>& rows) {
   o << "</g>\n";
   // Axes box, the axis break between the log region and the KL = 0 strip.
   o << "<g stroke=\"#333333\" stroke-width=\"1.2\" fill=\"none\">\n";
-  o << "<path d=\"M" << left << "," << top << " L" << left << "," << log_bottom + 8 << " M" << left << ","
-    << zero_y - 8 << " L" << left << "," << zero_y + 10 << " L" << right << "," << zero_y + 10 << "\"/>\n";
+  o << "<path d=\"M" << left << "," << top << " L" << left << "," << log_bottom + 8 << " M" << left << "," << zero_y - 8
+    << " L" << left << "," << zero_y + 10 << " L" << right << "," << zero_y + 10 << "\"/>\n";
   o << "<path d=\"M" << left - 5 << "," << log_bottom + 10 << " L" << left + 5 << "," << log_bottom + 6 << " M"
     << left - 5 << "," << zero_y - 6 << " L" << left + 5 << "," << zero_y - 10 << "\"/>\n";
   o << "</g>\n";
@@ -438,8 +452,10 @@ std::string quality_svg(const Protocol& p, const std::vector<RowStats>& rows) {
     o << "<path d=\"";
     for (size_t k = 0; k < front.size(); ++k) {
       const auto& r = rows[front[k]];
-      if (k == 0) o << "M" << X(r.bits) << "," << Y(r.kl);
-      else o << " L" << X(r.bits) << "," << Y(rows[front[k - 1]].kl) << " L" << X(r.bits) << "," << Y(r.kl);
+      if (k == 0)
+        o << "M" << X(r.bits) << "," << Y(r.kl);
+      else
+        o << " L" << X(r.bits) << "," << Y(rows[front[k - 1]].kl) << " L" << X(r.bits) << "," << Y(r.kl);
     }
     o << "\" fill=\"none\" stroke=\"#555555\" stroke-width=\"1.3\" stroke-dasharray=\"6,4\"/>\n";
   }
@@ -466,8 +482,8 @@ std::string quality_svg(const Protocol& p, const std::vector<RowStats>& rows) {
     for (size_t j = i + 1; j < rows.size(); ++j)
       if (std::hypot(X(rows[i].bits) - X(rows[j].bits), Y(rows[i].kl) - Y(rows[j].kl)) < 10)
         coincide.push_back(label_of(rows[i]) + " (" + fmt("%.3f", rows[i].bits) + " bits, KL " + kl_text(rows[i].kl) +
-                           ") and " + label_of(rows[j]) + " (" + fmt("%.3f", rows[j].bits) + ", " + kl_text(rows[j].kl) +
-                           ")");
+                           ") and " + label_of(rows[j]) + " (" + fmt("%.3f", rows[j].bits) + ", " +
+                           kl_text(rows[j].kl) + ")");
   auto dist_to_box = [](double px, double py, const Box& b) {
     const double dx = std::max({b.x0 - px, 0.0, px - b.x1}), dy = std::max({b.y0 - py, 0.0, py - b.y1});
     return std::hypot(dx, dy);
@@ -518,8 +534,8 @@ std::string quality_svg(const Protocol& p, const std::vector<RowStats>& rows) {
       const double bx = std::min(std::max(x, c.box.x0), c.box.x1), by = std::min(std::max(y, c.box.y0), c.box.y1);
       const double d = std::hypot(bx - x, by - y);
       if (d > 8)
-        o << "<line x1=\"" << x + (bx - x) * 6 / d << "\" y1=\"" << y + (by - y) * 6 / d << "\" x2=\"" << bx << "\" y2=\""
-          << by << "\" stroke=\"#777777\" stroke-width=\"0.8\"/>\n";
+        o << "<line x1=\"" << x + (bx - x) * 6 / d << "\" y1=\"" << y + (by - y) * 6 / d << "\" x2=\"" << bx
+          << "\" y2=\"" << by << "\" stroke=\"#777777\" stroke-width=\"0.8\"/>\n";
     }
     o << "<text x=\"" << c.tx << "\" y=\"" << c.ty << "\" text-anchor=\"" << c.anchor << "\""
       << (r.family == RowFamily::kE8kv ? " fill=\"#1f4f9f\"" : "") << ">" << xml_escape(text) << "</text>\n";
@@ -536,8 +552,9 @@ std::string quality_svg(const Protocol& p, const std::vector<RowStats>& rows) {
   std::vector<Style> seen;
   std::vector<size_t> by_family(rows.size());
   std::iota(by_family.begin(), by_family.end(), size_t{0});
-  std::stable_sort(by_family.begin(), by_family.end(),
-                   [&](size_t a, size_t b) { return static_cast<int>(rows[a].family) < static_cast<int>(rows[b].family); });
+  std::stable_sort(by_family.begin(), by_family.end(), [&](size_t a, size_t b) {
+    return static_cast<int>(rows[a].family) < static_cast<int>(rows[b].family);
+  });
   for (size_t i : by_family) {
     const Style s = style_of(rows[i]);
     if (std::none_of(seen.begin(), seen.end(), [&](const Style& t) { return t.legend == s.legend; })) seen.push_back(s);

@@ -32,7 +32,8 @@ std::string xml_problem(const std::string& s) {
     }
     if (s[i] == '>') return "stray '>' at " + std::to_string(i);
     if (s[i] != '<') {
-      if (stack.empty() && !std::isspace(static_cast<unsigned char>(s[i]))) return "text outside the root at " + std::to_string(i);
+      if (stack.empty() && !std::isspace(static_cast<unsigned char>(s[i])))
+        return "text outside the root at " + std::to_string(i);
       ++i;
       continue;
     }
@@ -49,7 +50,8 @@ std::string xml_problem(const std::string& s) {
     if (tag.find('<') != std::string::npos) return "'<' inside a tag at " + std::to_string(i);
     if (!tag.empty() && tag[0] == '/') {
       const std::string name = tag.substr(1);
-      if (stack.empty() || stack.back() != name) return "</" + name + "> does not close <" + (stack.empty() ? "" : stack.back()) + ">";
+      if (stack.empty() || stack.back() != name)
+        return "</" + name + "> does not close <" + (stack.empty() ? "" : stack.back()) + ">";
       stack.pop_back();
       i = close + 1;
       continue;
@@ -59,7 +61,8 @@ std::string xml_problem(const std::string& s) {
     size_t p = 0;
     while (p < tag.size() && !std::isspace(static_cast<unsigned char>(tag[p]))) ++p;
     const std::string name = tag.substr(0, p);
-    if (name.empty() || !(std::isalpha(static_cast<unsigned char>(name[0])))) return "bad tag name at " + std::to_string(i);
+    if (name.empty() || !(std::isalpha(static_cast<unsigned char>(name[0]))))
+      return "bad tag name at " + std::to_string(i);
     // Attributes: name="value" or name='value', nothing else.
     while (p < tag.size()) {
       while (p < tag.size() && std::isspace(static_cast<unsigned char>(tag[p]))) ++p;
