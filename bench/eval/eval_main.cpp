@@ -25,13 +25,17 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <numeric>
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backends.hpp"
+#include "progress.hpp"
+#include "report.hpp"
 #include "e8kv/compressor.hpp"
 #include "e8kv/error.hpp"
 #include "e8kv/llama/model.hpp"
@@ -48,10 +52,14 @@ struct Options {
   // from its start (8 chunks of a 1,024 + 128 setting: each corpus's first ~20 KB), its tail never.
   size_t text_tail = 0;
   int ctx = 2048, cont = 128, chunks = 2, threads = 0;
-  bool quick = false, niah = true, ablations = false, verbose = false;
+  bool quick = false, niah = true, ablations = false, verbose = false, quiet = false;
+  // --powered: the main job's protocol (scripts/run.sh): ctx 1024, 128 scored tokens per chunk, 8
+  // chunks (1,024 scored tokens, the setting docs/accuracy.md ranks configurations on), no needles,
+  // the rows of main_rows().
+  bool powered = false;
   std::vector<int> niah_sizes = {1024, 2048, 4096};
   std::vector<double> niah_depths = {0.1, 0.3, 0.5, 0.7, 0.9};  // --quick: 0.1, 0.5, 0.9
-  std::string csv, md, dump_kv, only, check;
+  std::string csv, md, svg, dump_kv, only, check;
   bool portable = false;  // the model's forward pass without its AVX2/FMA kernels
   // --at-rest: only the prefill is compressed (peers: quantized); the continuation tokens stay
   // dense float rows beside it (e8kv: attention over the codes merged by lse with the dense
@@ -68,6 +76,17 @@ struct ConfigSpec {
   bool is_peer = false;
   eval::PeerKind peer = eval::PeerKind::kQ8_0Rotated;
 };
+
+// The report's grouping: which peer a row stands for (its marker in the picture); empty for
+// e8kv's own configurations. The TurboQuant-style rows are e8kv specs that stand for a peer.
+std::string peer_group_of(const ConfigSpec& c) {
+  const bool turbo = c.name.rfind("TurboQuant-style", 0) == 0;
+  if (!c.is_peer && !turbo) return "";
+  if (turbo) return "TurboQuant-style";
+  for (const char* g : {"q8_0", "q4_0", "KIVI", "relaxed"})
+    if (c.name.rfind(g, 0) == 0) return g;
+  return c.name;
+}
 
 std::vector<ConfigSpec> config_list(bool ablations) {
   std::vector<ConfigSpec> v = {
@@ -104,6 +123,51 @@ std::vector<ConfigSpec> config_list(bool ablations) {
   return v;
 }
 
+// The main job's rows (--powered): the reference, llama.cpp's rotated q8_0 / q4_0, KIVI, the
+// TurboQuant-style rows, e8kv's quantization and tier presets and one eviction preset.
+std::vector<ConfigSpec> main_rows() {
+  const char* names[] = {"fp16",           "q8_0 (rotated)",       "q4_0 (rotated)",       "KIVI-4",
+                         "KIVI-2",         "TurboQuant-style LM4", "TurboQuant-style LM3", "e8kv quant-k4v4",
+                         "e8kv quant-k3v3", "e8kv quant-k3v2",     "e8kv quant-k2v2",      "e8kv tier-k3v2",
+                         "e8kv tier-k2v2", "e8kv high"};
+  const auto all = config_list(false);
+  std::vector<ConfigSpec> v;
+  for (const char* n : names)
+    for (const auto& c : all)
+      if (c.name == n) v.push_back(c);
+  return v;
+}
+
+// Runs fn(i) for i in [0, n) on `threads` threads (the caller's among them).
+template <class Fn>
+void parallel_for(size_t n, int threads, Fn&& fn) {
+  const size_t t = std::max<size_t>(1, std::min<size_t>(n, static_cast<size_t>(std::max(1, threads))));
+  if (t == 1) {
+    for (size_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  std::vector<std::thread> pool;
+  std::exception_ptr error;
+  std::mutex m;
+  for (size_t w = 1; w < t; ++w)
+    pool.emplace_back([&, w] {
+      try {
+        for (size_t i = w; i < n; i += t) fn(i);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(m);
+        if (!error) error = std::current_exception();
+      }
+    });
+  try {
+    for (size_t i = 0; i < n; i += t) fn(i);
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(m);
+    if (!error) error = std::current_exception();
+  }
+  for (auto& th : pool) th.join();
+  if (error) std::rethrow_exception(error);
+}
+
 // At rest (--at-rest) a spec without `residual` codes the prefill's last tokens too
 // (Config::parse_at_rest): the continuation is dense, the window would only cost bytes.
 Config model_config(const std::string& spec, const llama::ModelConfig& mc, bool at_rest) {
@@ -113,28 +177,14 @@ Config model_config(const std::string& spec, const llama::ModelConfig& mc, bool 
 }
 
 // ---- progress ------------------------------------------------------------------------------------
-class Progress {
- public:
-  Progress() : start_(std::chrono::steady_clock::now()) {}
-  void show(const std::string& phase, double frac) {
-    const double s = seconds();
-    const int width = 30, filled = static_cast<int>(frac * width);
-    std::fprintf(stderr, "\r[e8kv-eval] %-28s [%s%s] %5.1f%% %6.0f s", phase.c_str(), std::string(filled, '#').c_str(),
-                 std::string(width - filled, '.').c_str(), 100.0 * frac, s);
-    std::fflush(stderr);
-  }
-  void done() { std::fprintf(stderr, "\n"); }
-  double seconds() const {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-  }
-
- private:
-  std::chrono::steady_clock::time_point start_;
-};
+// A bar on a terminal, one line per chunk (and per needle) in a log, nothing with --quiet
+// (bench/common/progress.hpp).
+using Progress = e8kv::bench::Progress;
 
 // ---- metrics -------------------------------------------------------------------------------------
 struct Accum {
   std::vector<double> chunk_nll_sum;  // per chunk
+  std::vector<double> chunk_kl;       // per chunk: mean KL over its scored tokens
   std::vector<double> chunk_tokens;
   double kl_sum = 0, tokens = 0, top1 = 0;
   double bits_sum = 0, ratio_sum = 0, chunks = 0;
@@ -221,7 +271,8 @@ void run_chunks(const Options& o, const llama::Model& model, const std::vector<s
   const auto& mc = model.config();
   const int V = mc.vocab_size;
   const int C = o.ctx, T = o.cont;
-  std::vector<double> lp_ref, lp;
+  std::vector<double> lp_ref, p_ref, step_kl(cfgs.size());
+  std::vector<int> step_top1(cfgs.size());
   for (int chunk = 0; chunk < o.chunks; ++chunk) {
     const auto& toks = corpora[static_cast<size_t>(chunk) % corpora.size()];
     const size_t per = static_cast<size_t>(C + T);
@@ -234,7 +285,8 @@ void run_chunks(const Options& o, const llama::Model& model, const std::vector<s
     cap.obs_window = 32;
     cap.capture_pre_rope_keys = !o.dump_kv.empty() && chunk == 0;
     const std::vector<int32_t> prompt(seq.begin(), seq.begin() + (C - 1));
-    prog.show("chunk " + std::to_string(chunk + 1) + " prefill", 0.0);
+    const std::string unit = "chunk " + std::to_string(chunk + 1) + "/" + std::to_string(o.chunks);
+    prog.update(unit + " prefill", 0.0);
     model.prefill(prompt, &cap, llama::LogitsMode::kNone);
     if (!o.dump_kv.empty() && chunk == 0) {
       const int64_t n = cap.n_tokens;
@@ -260,11 +312,12 @@ void run_chunks(const Options& o, const llama::Model& model, const std::vector<s
              << (mc.rope_adjacent_pairs ? ", adjacent pairs (interleaved)\n" : ", split halves\n")
              << "Use: e8kv-rd --source npy:layer5_keys_pre_rope.npy\n";
     }
-    std::vector<std::unique_ptr<eval::MeasuredBackend>> backends;
-    for (size_t i = 0; i < cfgs.size(); ++i) {
-      prog.show("chunk " + std::to_string(chunk + 1) + " compress", double(i) / cfgs.size());
-      backends.push_back(make_backend(cfgs[i], comps[i].get(), cap, mc, o.at_rest));
-    }
+    prog.update(unit + " compress", 0.05);
+    // Every configuration's cache from the same prefill, on the model's threads (one
+    // configuration per thread: each compressor and backend is independent).
+    std::vector<std::unique_ptr<eval::MeasuredBackend>> backends(cfgs.size());
+    parallel_for(cfgs.size(), model.threads(),
+                 [&](size_t i) { backends[i] = make_backend(cfgs[i], comps[i].get(), cap, mc, o.at_rest); });
     // The rate of what is stored: at rest the prefill's cache (the continuation is not stored
     // coded); otherwise the mean over the scored steps of the cache each step's attention read
     // (its bytes after the step's append over the tokens given so far). A snapshot at the chunk's
@@ -281,7 +334,7 @@ void run_chunks(const Options& o, const llama::Model& model, const std::vector<s
     if (o.verbose) print_evicted_score_share(cap, mc, chunk);
     std::vector<double> nll(cfgs.size(), 0.0), chunk_kl(cfgs.size(), 0.0);
     for (int t = 0; t < T; ++t) {
-      prog.show("chunk " + std::to_string(chunk + 1) + " decode", double(t) / T);
+      prog.update(unit + " decode", 0.1 + 0.9 * double(t) / T);
       const int64_t pos = C - 1 + t;
       const int32_t in = seq[static_cast<size_t>(pos)], target = seq[static_cast<size_t>(pos + 1)];
       const std::vector<int32_t> tokens(cfgs.size(), in);
@@ -290,15 +343,24 @@ void run_chunks(const Options& o, const llama::Model& model, const std::vector<s
       if (!o.at_rest) add_bits(1.0 / T);
       log_softmax(&logits[0], V, lp_ref);
       const int ref_top = argmax(&logits[0], V);
-      for (size_t i = 0; i < cfgs.size(); ++i) {
+      p_ref.resize(lp_ref.size());
+      for (size_t j = 0; j < lp_ref.size(); ++j) p_ref[j] = std::exp(lp_ref[j]);
+      // KL and NLL of every configuration against the reference, on the model's threads.
+      parallel_for(cfgs.size(), model.threads(), [&](size_t i) {
+        thread_local std::vector<double> lp;
         const float* li = &logits[i * static_cast<size_t>(V)];
         log_softmax(li, V, lp);
         nll[i] -= lp[static_cast<size_t>(target)];
         double kl = 0;
-        for (int j = 0; j < V; ++j) kl += std::exp(lp_ref[static_cast<size_t>(j)]) * (lp_ref[static_cast<size_t>(j)] - lp[static_cast<size_t>(j)]);
-        acc[i].kl_sum += std::max(0.0, kl);
-        chunk_kl[i] += std::max(0.0, kl);
-        acc[i].top1 += argmax(li, V) == ref_top;
+        for (int j = 0; j < V; ++j)
+          kl += p_ref[static_cast<size_t>(j)] * (lp_ref[static_cast<size_t>(j)] - lp[static_cast<size_t>(j)]);
+        step_kl[i] = std::max(0.0, kl);
+        step_top1[i] = argmax(li, V) == ref_top;
+      });
+      for (size_t i = 0; i < cfgs.size(); ++i) {
+        acc[i].kl_sum += step_kl[i];
+        chunk_kl[i] += step_kl[i];
+        acc[i].top1 += step_top1[i];
         acc[i].tokens += 1;
       }
     }
@@ -308,12 +370,14 @@ void run_chunks(const Options& o, const llama::Model& model, const std::vector<s
     for (size_t i = 0; i < cfgs.size(); ++i) {
       acc[i].chunk_nll_sum.push_back(nll[i]);
       acc[i].chunk_tokens.push_back(T);
+      acc[i].chunk_kl.push_back(chunk_kl[i] / T);
       const double bits = chunk_bits[i];
       acc[i].bits_sum += bits;
       acc[i].ratio_sum += 16.0 / bits;
       acc[i].chunks += 1;
       acc[i].note = backends[i]->rate_note();
     }
+    prog.unit_done(unit);
   }
 }
 
@@ -382,7 +446,8 @@ void run_niah(const Options& o, const llama::Model& model, const std::vector<int
   size_t done = 0;
   for (int size : o.niah_sizes) {
     for (double depth : o.niah_depths) {
-      prog.show("needles", double(done++) / total);
+      const std::string unit = "needle " + std::to_string(++done) + "/" + std::to_string(total);
+      prog.update(unit, 0.0);
       const int number = 100000 + static_cast<int>(rng() % 900000);
       const std::string needle = " The secret number is " + std::to_string(number) + ". ";
       require(haystack_tokens.size() > static_cast<size_t>(size) + 64, "corpus too short for a haystack of " + std::to_string(size));
@@ -400,7 +465,9 @@ void run_niah(const Options& o, const llama::Model& model, const std::vector<int
       const std::vector<int32_t> head(ids.begin(), ids.end() - 1);
       model.prefill(head, &cap, llama::LogitsMode::kNone);
       std::vector<std::unique_ptr<eval::MeasuredBackend>> backends;
-      for (size_t i = 0; i < cfgs.size(); ++i) backends.push_back(make_backend(cfgs[i], comps[i].get(), cap, mc));
+      backends.resize(cfgs.size());
+      parallel_for(cfgs.size(), model.threads(),
+                   [&](size_t i) { backends[i] = make_backend(cfgs[i], comps[i].get(), cap, mc); });
       if (o.verbose) report_pinned_needle(cfgs, backends, needle_positions(tok, head, number));
       std::vector<llama::KvBackend*> ptrs;
       for (auto& b : backends) ptrs.push_back(b.get());
@@ -426,44 +493,32 @@ void run_niah(const Options& o, const llama::Model& model, const std::vector<int
         acc[i].niah_hits += a.find(std::to_string(number)) != std::string::npos;
         acc[i].niah_total += 1;
       }
+      prog.unit_done(unit);
     }
   }
 }
 
-struct Result {
-  std::string name;
-  double bits = 0, ratio = 0, ppl = 0, dppl = 0, ci = 0, kl = 0, top1 = 0, niah = -1;
-  std::string note;
-};
-
-std::vector<Result> summarize(const std::vector<ConfigSpec>& cfgs, const std::vector<Accum>& acc) {
-  std::vector<Result> out;
+// Per configuration: the report's row (bench/eval/report.hpp).
+std::vector<eval::RowStats> summarize(const std::vector<ConfigSpec>& cfgs, const std::vector<Accum>& acc) {
+  std::vector<eval::RowStats> out;
   const auto& ref = acc[0];
   for (size_t i = 0; i < cfgs.size(); ++i) {
     const auto& a = acc[i];
-    Result r;
+    eval::RowStats r;
     r.name = cfgs[i].name;
+    r.peer = peer_group_of(cfgs[i]);
+    r.family = i == 0 ? eval::RowFamily::kReference : r.peer.empty() ? eval::RowFamily::kE8kv : eval::RowFamily::kPeer;
     r.note = a.note;
     if (a.chunks > 0) {
       r.bits = a.bits_sum / a.chunks;
       r.ratio = a.ratio_sum / a.chunks;
-      double nll = 0, tok = 0;
-      std::vector<double> deltas;
-      for (size_t c = 0; c < a.chunk_nll_sum.size(); ++c) {
-        nll += a.chunk_nll_sum[c];
-        tok += a.chunk_tokens[c];
-        const double p = std::exp(a.chunk_nll_sum[c] / a.chunk_tokens[c]);
-        const double pr = std::exp(ref.chunk_nll_sum[c] / ref.chunk_tokens[c]);
-        deltas.push_back(100.0 * (p / pr - 1.0));
-      }
+      const double nll = std::accumulate(a.chunk_nll_sum.begin(), a.chunk_nll_sum.end(), 0.0);
+      const double tok = std::accumulate(a.chunk_tokens.begin(), a.chunk_tokens.end(), 0.0);
       r.ppl = std::exp(nll / tok);
-      const double mean = std::accumulate(deltas.begin(), deltas.end(), 0.0) / deltas.size();
-      double var = 0;
-      for (double d : deltas) var += (d - mean) * (d - mean);
-      r.dppl = mean;
-      r.ci = deltas.size() > 1 ? 1.96 * std::sqrt(var / (deltas.size() - 1) / deltas.size()) : 0.0;
+      eval::dppl_over_chunks(a.chunk_nll_sum, ref.chunk_nll_sum, a.chunk_tokens, r);
       r.kl = a.kl_sum / a.tokens;
       r.top1 = a.top1 / a.tokens;
+      r.chunk_kl = a.chunk_kl;
     }
     if (a.niah_total > 0) r.niah = double(a.niah_hits) / a.niah_total;
     out.push_back(r);
@@ -471,48 +526,38 @@ std::vector<Result> summarize(const std::vector<ConfigSpec>& cfgs, const std::ve
   return out;
 }
 
-void print_outputs(const Options& o, const std::vector<Result>& rs, const llama::ModelConfig& mc, double seconds) {
-  std::printf("\n# e8kv-eval: model %s (%d layers, %d/%d heads, head_dim %d), ctx %d, cont %d, chunks %d, %.0f s%s\n",
-              mc.name.c_str(), mc.n_layers, mc.n_heads, mc.n_kv_heads, mc.head_dim, o.ctx, o.cont, o.chunks, seconds,
-              o.at_rest ? ", at rest (prefill compressed, continuation dense; bits: the prefill's)" : "");
-  std::printf("%-30s %8s %7s %9s %18s %9s %7s %6s\n", "config", "bits/el", "ratio", "ppl", "dppl% (95% CI)", "KL", "top1",
-              "NIAH");
-  for (const auto& r : rs) {
-    char niah[16] = "-";
-    if (r.niah >= 0) std::snprintf(niah, sizeof niah, "%.2f", r.niah);
-    std::printf("%-30s %8.3f %7.2f %9.4f %+8.2f ± %6.2f %9.5f %7.4f %6s\n", r.name.c_str(), r.bits, r.ratio, r.ppl, r.dppl,
-                r.ci, r.kl, r.top1, niah);
-  }
+eval::Protocol protocol_of(const Options& o, const llama::ModelConfig& mc, const std::vector<std::string>& texts,
+                           int threads, double seconds) {
+  eval::Protocol p;
+  // The GGUF's file name says which model and quantization (its general.name is often a run name).
+  std::string file = o.model.substr(o.model.find_last_of('/') + 1);
+  if (file.size() > 5 && file.compare(file.size() - 5, 5, ".gguf") == 0) file.resize(file.size() - 5);
+  p.model = file.empty() ? mc.name : file;
+  p.n_layers = mc.n_layers;
+  p.n_heads = mc.n_heads;
+  p.n_kv_heads = mc.n_kv_heads;
+  p.head_dim = mc.head_dim;
+  p.ctx = o.ctx;
+  p.cont = o.cont;
+  p.chunks = o.chunks;
+  p.threads = threads;
+  p.at_rest = o.at_rest;
+  p.seconds = seconds;
+  for (const auto& t : texts) p.texts.push_back(t.substr(t.find_last_of('/') + 1));
+  return p;
+}
+
+void print_outputs(const Options& o, const std::vector<eval::RowStats>& rs, const eval::Protocol& p) {
+  std::fputs(eval::text_table(p, rs).c_str(), stdout);
   for (const auto& r : rs)
     if (!r.note.empty() && r.name.find("relaxed") != std::string::npos) {
       std::printf("note: %s\n", r.note.c_str());
       break;
     }
-  if (!o.csv.empty()) {
-    std::ofstream f(o.csv);
-    require(f.good(), "--csv: cannot write " + o.csv);
-    f << "config,bits_per_element,compression_ratio,ppl,ppl_delta_pct,kl_mean,top1_agree,niah_recall\n";
-    char buf[512];
-    for (const auto& r : rs) {
-      std::string niah = r.niah >= 0 ? std::to_string(r.niah) : "";
-      std::snprintf(buf, sizeof buf, "%s,%.4f,%.4f,%.5f,%.4f,%.6f,%.5f,%s\n", r.name.c_str(), r.bits, r.ratio, r.ppl, r.dppl,
-                    r.kl, r.top1, niah.c_str());
-      f << buf;
-    }
-  }
-  if (!o.md.empty()) {
-    std::ofstream f(o.md);
-    require(f.good(), "--md: cannot write " + o.md);
-    f << "| config | bits/elem | ratio | PPL | ΔPPL % (95 % CI) | KL | top-1 | NIAH |\n|---|---|---|---|---|---|---|---|\n";
-    char buf[512];
-    for (const auto& r : rs) {
-      char niah[16] = "-";  // rounded like the stdout table
-      if (r.niah >= 0) std::snprintf(niah, sizeof niah, "%.2f", r.niah);
-      std::snprintf(buf, sizeof buf, "| %s | %.3f | %.2f | %.4f | %+.2f ± %.2f | %.5f | %.4f | %s |\n", r.name.c_str(),
-                    r.bits, r.ratio, r.ppl, r.dppl, r.ci, r.kl, r.top1, niah);
-      f << buf;
-    }
-  }
+  std::fflush(stdout);
+  if (!o.csv.empty()) eval::write_text_file(o.csv, eval::csv_table(rs), "--csv");
+  if (!o.md.empty()) eval::write_text_file(o.md, eval::markdown_table(p, rs), "--md");
+  if (!o.svg.empty()) eval::write_text_file(o.svg, eval::quality_svg(p, rs), "--svg");
 }
 
 std::vector<int> parse_ints(const std::string& s) {
@@ -621,12 +666,12 @@ int check_not_run(const std::string& why) {
 }
 
 // Prints each configuration's KL against its bound; 0 when all hold, 1 otherwise.
-int report_check(const QualityCheck& c, const std::vector<Result>& rs) {
+int report_check(const QualityCheck& c, const std::vector<eval::RowStats>& rs) {
   std::printf("\n# quality check: mean KL(fp16 || config) against the recorded bounds\n");
   std::printf("%-30s %11s %11s %11s  %s\n", "config", "KL", "bound", "recorded", "result");
   int failures = 0;
   for (const auto& b : c.bounds) {
-    const auto it = std::find_if(rs.begin(), rs.end(), [&](const Result& r) { return r.name == b.name; });
+    const auto it = std::find_if(rs.begin(), rs.end(), [&](const eval::RowStats& r) { return r.name == b.name; });
     require(it != rs.end(), "--check: no result for " + b.name);
     // kl_max 0 means exactly 0 (bit-identical logits); NaN fails.
     const bool ok = it->kl <= b.kl_max;
@@ -644,14 +689,19 @@ int report_check(const QualityCheck& c, const std::vector<Result>& rs) {
 int usage() {
   std::fprintf(stderr,
                "usage: e8kv-eval [--model F.gguf] [--text FILE] [--text-tail BYTES] [--ctx 512|2048|4096] [--cont T] [--chunks N]\n"
-               "                 [--quick] [--no-niah] [--niah-sizes 1024,2048] [--ablations] [--only NAME,...] [--verbose]\n"
+               "                 [--powered | --quick] [--no-niah] [--niah-sizes 1024,2048] [--ablations] [--only NAME,...]\n"
                "                 [--config NAME=SPEC ...]   (adds an e8kv configuration, Config::parse syntax)\n"
-               "                 [--csv FILE] [--md FILE] [--dump-kv DIR] [--threads N] [--portable] [--at-rest]\n"
+               "                 [--csv FILE] [--md FILE] [--svg FILE] [--dump-kv DIR] [--threads N] [--portable] [--at-rest]\n"
+               "                 [--verbose] [--quiet]\n"
                "       e8kv-eval --check FILE [--model F.gguf] [--threads N] [--portable]\n"
                "                 (quality regression check: setting and KL bounds from FILE; exit 1 above a bound)\n"
                "defaults: the fetched SmolLM2-135M-Instruct and the two fetched corpora (scripts/fetch-data.sh)\n"
                "--text-tail BYTES: only the last BYTES of each text (held-out text: chunks read a corpus from its start)\n"
-               "--at-rest: compress the prefill only; continuation tokens stay dense (the peer harness's protocol)\n");
+               "--at-rest: compress the prefill only; continuation tokens stay dense (the peer harness's protocol)\n"
+               "--powered: the main job (scripts/run.sh): ctx 1024, 128 scored tokens x 8 chunks, no needles, the\n"
+               "           main rows (fp16, q8_0/q4_0 rotated, KIVI, TurboQuant-style, e8kv quant/tier presets, high)\n"
+               "--svg FILE: next-token KL (log) against honest bits per element for every row, Pareto front marked\n"
+               "progress on stderr: a bar on a terminal, one line per chunk otherwise; --quiet: none\n");
   return 2;
 }
 
@@ -678,6 +728,9 @@ int main(int argc, char** argv) {
       else if (a == "--cont") { o.cont = std::stoi(next()); cont_set = true; }
       else if (a == "--chunks") { o.chunks = std::stoi(next()); chunks_set = true; }
       else if (a == "--quick") o.quick = true;
+      else if (a == "--powered") o.powered = true;
+      else if (a == "--quiet") o.quiet = true;
+      else if (a == "--svg") o.svg = next();
       else if (a == "--no-niah") o.niah = false;
       else if (a == "--ablations") o.ablations = true;
       else if (a == "--verbose") o.verbose = true;
@@ -699,6 +752,14 @@ int main(int argc, char** argv) {
       else if (a == "-h" || a == "--help") return usage();
       else throw Error("unknown argument '" + a + "'");
     }
+    require(!(o.quick && o.powered), "--quick and --powered are two protocols; give one");
+    if (o.powered) {
+      if (!ctx_set) o.ctx = 1024;
+      if (!cont_set) o.cont = 128;
+      if (!chunks_set) o.chunks = 8;
+      o.niah = false;
+      o.ablations = false;
+    }
     if (o.quick) {
       if (!ctx_set) o.ctx = 512;
       if (!cont_set) o.cont = 64;
@@ -714,6 +775,7 @@ int main(int argc, char** argv) {
               "--check takes the setting, the corpora and the configurations from its file (its bounds are "
               "the default protocol's); drop --ctx/--cont/--chunks/--quick/--ablations/--only/--config/--text/"
               "--text-tail/--at-rest");
+      require(!o.powered, "--check takes its setting from its file; drop --powered");
       check = read_quality_check(o.check);
       o.ctx = check.ctx;
       o.cont = check.cont;
@@ -738,7 +800,6 @@ int main(int argc, char** argv) {
       }
     }
     if (o.portable) llama::set_simd_enabled(false);
-    Progress prog;
     const auto model = llama::Model::load(o.model, o.threads);
     const auto& mc = model.config();
     require(is_supported_head_dim(mc.head_dim), "model head_dim " + std::to_string(mc.head_dim) + " is not supported");
@@ -758,7 +819,7 @@ int main(int argc, char** argv) {
       }
       corpora.push_back(model.tokenizer().encode(body));
     }
-    auto cfgs = config_list(o.ablations);
+    auto cfgs = o.powered ? main_rows() : config_list(o.ablations);
     if (!o.check.empty()) {
       cfgs.resize(1);  // the fp16 reference
       for (const auto& b : check.bounds) cfgs.push_back({b.name, b.spec});
@@ -778,11 +839,17 @@ int main(int argc, char** argv) {
     for (const auto& c : cfgs)
       comps.push_back(c.is_peer ? nullptr : std::make_unique<KVCompressor>(shape, model_config(c.e8kv_spec, mc, o.at_rest)));
     std::vector<Accum> acc(cfgs.size());
+    const int needles = o.niah ? static_cast<int>(o.niah_sizes.size() * o.niah_depths.size()) : 0;
+    Progress prog("e8kv-eval", o.chunks + needles, Progress::mode_for_stderr(o.quiet));
+    prog.message(std::to_string(cfgs.size()) + " configurations, " + std::to_string(o.chunks) + " chunks of " +
+                 std::to_string(o.ctx - 1) + " + " + std::to_string(o.cont) + " tokens" +
+                 (needles > 0 ? ", " + std::to_string(needles) + " needles" : "") + ", " +
+                 std::to_string(model.threads()) + " threads");
     run_chunks(o, model, corpora, cfgs, comps, acc, prog);
     if (o.niah) run_niah(o, model, corpora.back(), cfgs, comps, acc, prog);
-    prog.done();
+    prog.finish();
     const auto results = summarize(cfgs, acc);
-    print_outputs(o, results, mc, prog.seconds());
+    print_outputs(o, results, protocol_of(o, mc, texts, model.threads(), prog.seconds()));
     return o.check.empty() ? 0 : report_check(check, results);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "\ne8kv-eval: %s\n", e.what());

@@ -350,6 +350,57 @@ def load_model(path, dtype):
 
 # ---- main -------------------------------------------------------------------------------------
 
+class Progress:
+    """Progress on stderr, fit for a terminal and for a log (as bench/common/progress.hpp): a bar
+    redrawn in place only when stderr is a terminal; otherwise one line per finished chunk with
+    i/N, the elapsed time and an estimate of the time left; nothing with --quiet."""
+
+    def __init__(self, total, quiet):
+        self.total, self.done, self.start = total, 0, time.time()
+        self.mode = "quiet" if quiet else ("bar" if sys.stderr.isatty() else "lines")
+        self.last_draw, self.drawn = 0.0, False
+
+    def _eta(self, frac):
+        if frac <= 0 or frac >= 1:
+            return ""
+        return f", about {(time.time() - self.start) * (1 - frac) / frac:.0f} s left"
+
+    def update(self, what, within):
+        if self.mode != "bar" or (self.drawn and time.time() - self.last_draw < 0.125):
+            return
+        self.last_draw, self.drawn = time.time(), True
+        frac = min(1.0, (self.done + max(0.0, min(1.0, within))) / max(1, self.total))
+        filled = int(frac * 30)
+        sys.stderr.write(f"\r[peers] {what[:26]:26s} [{'#' * filled}{'.' * (30 - filled)}] "
+                         f"{min(self.done + 1, self.total)}/{self.total} {time.time() - self.start:5.0f} s"
+                         f"{self._eta(frac):22s}")
+        sys.stderr.flush()
+
+    def unit_done(self, what):
+        self.done += 1
+        if self.mode == "lines":
+            frac = self.done / max(1, self.total)
+            print(f"[peers] {self.done}/{self.total} {what}: {time.time() - self.start:.0f} s elapsed"
+                  f"{self._eta(frac)}", file=sys.stderr, flush=True)
+        elif self.mode == "bar":
+            self.drawn = False
+            self.update(what, 0.0)
+
+    def finish(self):
+        if self.mode == "bar" and self.drawn:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+        self.drawn = False
+
+    def log(self, text):
+        """A detail line (per row): printed unless --quiet, never garbled by the bar."""
+        if self.mode == "quiet":
+            return
+        if self.mode == "bar":
+            self.finish()
+        print(text, flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     cache_dir = os.environ.get("E8KV_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "e8kv")
@@ -368,6 +419,8 @@ def main():
                          "eviction-only when the spec says preset=lossless")
     ap.add_argument("--out", required=True, help="output directory (peers.md, peers.csv, peers.json)")
     ap.add_argument("--report", metavar="JSON", help="only rewrite OUT/peers.md from a peers.json")
+    ap.add_argument("--quiet", action="store_true",
+                    help="no progress (a bar on a terminal, else one line per chunk) and no per-row lines")
     a = ap.parse_args()
     if a.report:
         with open(a.report) as f:
@@ -458,6 +511,7 @@ def main():
     corpora = [tokenize(a.tokenizer, a.model, t) for t in a.text]
     C, T = a.ctx, a.cont
     ref_nll = []
+    progress = Progress(a.chunks, a.quiet)
     for chunk in range(a.chunks):
         toks = corpora[chunk % len(corpora)]
         slot = chunk // len(corpora)
@@ -478,8 +532,9 @@ def main():
         ref_logp = torch.log_softmax(ref_logits, dim=-1)
         _, nll, _ = score(ref_logits, ref_logp, targets)
         ref_nll.append(nll)
-        print(f"[peers] chunk {chunk + 1}/{a.chunks}: reference in {time.time() - t0:.1f} s", flush=True)
-        for row, spec in rows:
+        progress.log(f"[peers] chunk {chunk + 1}/{a.chunks}: reference in {time.time() - t0:.1f} s")
+        for row_index, (row, spec) in enumerate(rows):
+            progress.update(f"chunk {chunk + 1}/{a.chunks} {row.name}", (row_index + 1) / (len(rows) + 1))
             if row.error:
                 continue
             t1 = time.time()
@@ -517,6 +572,7 @@ def main():
                                                  cache, cont, C - 1, bias)
             except Exception as e:  # a peer that fails is reported, not hidden
                 row.error = f"{type(e).__name__}: {e}"
+                progress.finish()
                 print(f"[peers] {row.name}: FAILED {row.error}", flush=True)
                 continue
             kl, nll, top1 = score(logits, ref_logp, targets)
@@ -533,8 +589,10 @@ def main():
                 row.claimed.append(claimed)
             row.seconds += time.time() - t1
             kept_text = f"{kept:.3f}" if kept is not None else "-"
-            print(f"[peers] chunk {chunk + 1}: {row.name:48s} KL {kl / len(targets):.4f} bits {bits:.3f} "
-                  f"kept {kept_text} ({time.time() - t1:.1f} s)", flush=True)
+            progress.log(f"[peers] chunk {chunk + 1}: {row.name:48s} KL {kl / len(targets):.4f} bits {bits:.3f} "
+                         f"kept {kept_text} ({time.time() - t1:.1f} s)")
+        progress.unit_done(f"chunk {chunk + 1}/{a.chunks}")
+    progress.finish()
 
     write_outputs(a, rows, ref_nll, versions, C, T)
 

@@ -10,6 +10,7 @@
 // scales. MSE is per element on unit-power data: Σ‖x − x̂‖² / Σ‖x‖².
 // --svg: per source, the gap to the Shannon bound against bits per element (1.5-5 b) next to
 // SQNR over all rates; one colour and marker per codec family, the legend names its tier.
+// Progress on stderr: a bar on a terminal, one line per source otherwise; --quiet: none.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -25,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "progress.hpp"
 #include "e8kv/codebook/ball.hpp"
 #include "e8kv/codebook/e8p.hpp"
 #include "e8kv/codebook/relaxed.hpp"
@@ -57,25 +59,8 @@ struct Dataset {
   size_t n() const { return x.size() / static_cast<size_t>(d); }
 };
 
-class Progress {
- public:
-  explicit Progress(size_t total) : total_(total), start_(std::chrono::steady_clock::now()) {}
-  void step(const std::string& what) {
-    ++done_;
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-    if (s > 2.0 || shown_) {
-      shown_ = true;
-      std::fprintf(stderr, "\r[e8kv-rd] %3zu/%zu %-40s %6.1f s", done_, total_, what.c_str(), s);
-      if (done_ == total_) std::fprintf(stderr, "\n");
-      std::fflush(stderr);
-    }
-  }
-
- private:
-  size_t total_, done_ = 0;
-  std::chrono::steady_clock::time_point start_;
-  bool shown_ = false;
-};
+// A bar on a terminal, one line per source in a log, nothing with --quiet (bench/common/progress.hpp).
+using Progress = e8kv::bench::Progress;
 
 double mse_of(const std::vector<float>& x, const std::vector<float>& y) {
   double num = 0, den = 0;
@@ -230,10 +215,11 @@ std::vector<Row> run_source(const Dataset& ds, bool e8_only, Progress* progress)
     }
   }
   std::vector<Row> rows;
-  for (auto& j : jobs) {
-    rows.push_back(j());
-    if (progress) progress->step(ds.name + " " + rows.back().codec);
+  for (size_t k = 0; k < jobs.size(); ++k) {
+    rows.push_back(jobs[k]());
+    if (progress) progress->update(ds.name + " " + rows.back().codec, static_cast<double>(k + 1) / jobs.size());
   }
+  if (progress) progress->unit_done(ds.name + " (" + std::to_string(jobs.size()) + " codecs)");
   return rows;
 }
 
@@ -542,7 +528,7 @@ void write_svg(const std::string& path, const std::vector<Row>& rows) {
 int usage() {
   std::fprintf(stderr,
                "usage: e8kv-rd [--source gaussian|laplace|kv-synthetic|npy:PATH]... [--samples N] [--seed S]\n"
-               "               [--csv FILE] [--svg FILE] [--codecs all|e8]\n"
+               "               [--csv FILE] [--svg FILE] [--codecs all|e8] [--quiet]\n"
                "  defaults: --source gaussian --samples 200000 (8-dim blocks) --seed 1\n");
   return 2;
 }
@@ -555,7 +541,7 @@ int main(int argc, char** argv) {
     size_t samples = 200000;
     uint64_t seed = 1;
     std::string csv, svg;
-    bool e8_only = false;
+    bool e8_only = false, quiet = false;
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
       auto next = [&]() -> std::string {
@@ -567,6 +553,7 @@ int main(int argc, char** argv) {
       else if (a == "--seed") seed = std::stoull(next());
       else if (a == "--csv") csv = next();
       else if (a == "--svg") svg = next();
+      else if (a == "--quiet") quiet = true;
       else if (a == "--codecs") {
         const std::string v = next();
         require(v == "all" || v == "e8", "--codecs: accepted all, e8");
@@ -592,13 +579,13 @@ int main(int argc, char** argv) {
       std::printf("#   %d bits: Shannon mse %.6f (%.2f dB)   Lloyd-Max mse %.6f (%.2f dB)\n", b, shannon,
                   -10 * std::log10(shannon), lm, -10 * std::log10(lm));
     }
-    const size_t jobs = data.size() * (e8_only ? 9 : 25);
-    Progress progress(jobs);
+    Progress progress("e8kv-rd", static_cast<int>(data.size()), Progress::mode_for_stderr(quiet));
     std::vector<Row> rows;
     for (const auto& d : data) {
       auto r = run_source(d, e8_only, &progress);
       rows.insert(rows.end(), r.begin(), r.end());
     }
+    progress.finish();
     print_table(rows);
     if (!csv.empty()) write_csv(csv, rows);
     if (!svg.empty()) write_svg(svg, rows);
