@@ -31,23 +31,23 @@ void SpinBarrier::wait(int n) {
 
 void OpGang::begin(int n_threads) {
   n_threads_ = n_threads < 1 ? 1 : n_threads;
-  stop_ = false;
+  stop_.store(false, std::memory_order_relaxed);
   job_ = nullptr;
   error_.clear();
 }
 
 void OpGang::end() {
   if (n_threads_ <= 1) return;
-  stop_ = true;
+  stop_.store(true, std::memory_order_relaxed);
   barrier_.wait(n_threads_);  // the workers see stop_ and leave the op
 }
 
-void OpGang::worker() {
+void OpGang::worker(int n_threads) {
   for (;;) {
-    barrier_.wait(n_threads_);  // a job (or stop) published by thread 0
-    if (stop_) return;
+    barrier_.wait(n_threads);  // a job (or stop) published by thread 0
+    if (stop_.load(std::memory_order_relaxed)) return;
     work();
-    barrier_.wait(n_threads_);  // job done
+    barrier_.wait(n_threads);  // job done
   }
 }
 
@@ -98,7 +98,7 @@ const float* row(const ggml_tensor* t, int64_t token) {
 
 void Memory::run_layer(int il, ggml_tensor* dst, int ith, int nth) {
   if (ith != 0) {
-    gang_.worker();
+    gang_.worker(nth);
     return;
   }
   gang_.begin(nth);

@@ -37,9 +37,11 @@ class SpinBarrier {
 /// its own. Results do not depend on the thread count (e8kv's attention is deterministic).
 class OpGang final : public e8kv::Executor {
  public:
+  // Every thread of the op passes the op's own thread count (ggml's nth): a worker may reach its
+  // first barrier before thread 0 has called begin(), so nothing it waits on may depend on begin().
   void begin(int n_threads);  ///< thread 0, before any run()
   void end();                 ///< thread 0: releases the workers
-  void worker();              ///< threads 1..n-1: serve run() until end()
+  void worker(int n_threads); ///< threads 1..n-1: serve run() until end()
   int concurrency() const override { return n_threads_; }
   void run(int64_t n, const std::function<void(int64_t)>& fn) override;
 
@@ -47,7 +49,7 @@ class OpGang final : public e8kv::Executor {
   void work();
   SpinBarrier barrier_;
   int n_threads_ = 1;
-  bool stop_ = false;
+  std::atomic<bool> stop_{false};
   const std::function<void(int64_t)>* job_ = nullptr;
   int64_t n_ = 0;
   std::atomic<int64_t> next_{0};

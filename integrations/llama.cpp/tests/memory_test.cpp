@@ -30,7 +30,7 @@ struct ContextDeleter {
 using ModelPtr = std::unique_ptr<llama_model, ModelDeleter>;
 using ContextPtr = std::unique_ptr<llama_context, ContextDeleter>;
 
-// Two paragraphs of plain prose, tokenized once (about 330 tokens with SmolLM2's vocabulary).
+// Two paragraphs of plain prose, tokenized once (258 tokens with SmolLM2's vocabulary).
 const char* kText =
     "The lighthouse keeper wrote in his log every evening. On the first of March the wind came from the "
     "north-east and the sea was grey. Two fishing boats returned late, and the younger captain, whose name "
@@ -64,7 +64,7 @@ class MemoryTest : public ::testing::Test {
     std::vector<llama_token> t(2048);
     const int n = llama_tokenize(vocab, kText, static_cast<int32_t>(std::strlen(kText)), t.data(),
                                  static_cast<int32_t>(t.size()), true, false);
-    ASSERT_GT(n, 300);
+    ASSERT_GE(n, 250);
     t.resize(static_cast<size_t>(n));
     tokens_ = t;
     n_vocab_ = llama_vocab_n_tokens(vocab);
@@ -165,14 +165,20 @@ TEST_F(MemoryTest, LosslessMatchesLlamaCppCaches) {
   const std::vector<float> d32 = prompt_then_batch(f32.get(), &p32), d16 = prompt_then_batch(f16.get(), &p16),
                            de8 = prompt_then_batch(e8.get(), &pe8);
   ASSERT_FALSE(d32.empty() || d16.empty() || de8.empty()) << g_log;
-  // e8kv's lossless cache holds fp16 keys and values, attended in fp32: llama.cpp's f16 cache
-  // rounds the query to fp16 too (its f16 dot products), so e8kv sits between f32 and f16.
-  const float prompt_vs_f16 = max_abs_diff(pe8, p16), decode_vs_f16 = max_abs_diff(de8, d16);
-  const float f16_vs_f32 = std::max(max_abs_diff(p16, p32), max_abs_diff(d16, d32));
-  std::printf("lossless: max |logit diff| prompt %.3g, decoded %.3g vs f16; f16 vs f32 %.3g; vs f32 %.3g\n",
-              prompt_vs_f16, decode_vs_f16, f16_vs_f32, std::max(max_abs_diff(pe8, p32), max_abs_diff(de8, d32)));
-  EXPECT_LE(std::max(max_abs_diff(pe8, p32), max_abs_diff(de8, d32)), f16_vs_f32 + 1e-3f);
-  EXPECT_LT(mean_kl(d16, de8), 1e-5);
+  // llama.cpp's own f32 and f16 caches differ by a next-token KL of about 3e-3 on this model: the
+  // Q4_1 weights' matrix products quantize their activations to 8 bits, so any rounding anywhere
+  // moves later layers by whole quantization steps. e8kv's lossless cache (fp16 keys and values
+  // attended in fp32) must sit inside that noise, on the prompt and on the decoded tokens; a wrong
+  // position, head or scale gives KL > 0.1.
+  const double noise_p = mean_kl(p32, p16), noise_d = mean_kl(d32, d16);
+  const double kl_p = mean_kl(p32, pe8), kl_d = mean_kl(d32, de8);
+  std::printf("lossless vs f32 cache: KL prompt %.3g, decoded %.3g; f16 cache vs f32 cache: %.3g, %.3g\n", kl_p, kl_d,
+              noise_p, noise_d);
+  EXPECT_LE(kl_p, 2.0 * noise_p + 1e-4);
+  EXPECT_LE(kl_d, 2.0 * noise_d + 1e-4);
+  EXPECT_EQ(max_abs_diff(std::vector<float>(p16.begin(), p16.begin() + n_vocab_),
+                         std::vector<float>(pe8.begin(), pe8.begin() + n_vocab_)),
+            0.f);  // the first token attends only its own value, fp16 in both: exact
 }
 
 std::vector<float> prompt_then_batch(llama_context* ctx, std::vector<float>* prompt_logits) {
