@@ -1,6 +1,7 @@
 """Bytes per token that LMCache stores and moves for one KV chunk, per serde, with the KL beside:
 LMCache's naive path (bf16 as is), its fp8 serde, its CacheGen serde (v1 storage backend; it runs on
-the CPU through LMCache's torch fallback kernels), and e8kv's serde (quant-k4v4, quant-k3v2).
+the CPU through LMCache's torch fallback kernels), and e8kv's serde (quant-k4v4, quant-k3v2; every token coded, and with the first token of
+each chunk in fp16, sinks=1).
 
 SmolLM2-135M (the project's GGUF, float32 on the CPU), the technical corpus: a PREFIX-token prefill
 (PREFIX / 256 LMCache chunks of 256 tokens, K and V rounded to bf16 as a vLLM cache holds them), each
@@ -135,13 +136,14 @@ def main():
             rows.append(("LMCache CacheGen", cachegen(L, H, D)))
         except ImportError:
             print("(LMCache not importable: its fp8 and CacheGen rows are left out)")
-        for preset in ("quant-k4v4", "quant-k3v2"):
-            s = e8lmc.E8kvSerde(e8lmc.SerdeConfig(preset=preset, head_dim=D))
-            rows.append((f"e8kv serde {preset}", sync_serde(s, s)))
+        for sinks in (0, 1):
+            for preset in ("quant-k4v4", "quant-k3v2"):
+                s = e8lmc.E8kvSerde(e8lmc.SerdeConfig(preset=preset, head_dim=D, sinks=sinks))
+                rows.append((f"e8kv serde {preset}" + (f" sinks={sinks}" if sinks else ""), sync_serde(s, s)))
 
         print(f"SmolLM2-135M ({L} layers, {H} KV heads, head_dim {D}), {a.prefix}-token prefix in "
               f"{len(chunks)} chunks of {CHUNK}, KL over the next {a.next} tokens; e8kv {e8kv.__version__}")
-        print(f"{'serde':28s} {'bytes/token':>12s} {'vs bf16':>8s} {'KL':>10s} {'rel.err':>8s} "
+        print(f"{'serde':34s} {'bytes/token':>12s} {'vs bf16':>8s} {'KL':>10s} {'rel.err':>8s} "
               f"{'ms/chunk':>9s}")
         bf16 = None
         for name, run in rows:
@@ -158,7 +160,7 @@ def main():
             kl = float((ref.exp() * (ref - lp)).sum(-1).mean())
             err = float(torch.stack([(o.float() - c.float()).norm() / c.float().norm() for o, c in zip(outs, chunks)])
                         .mean())
-            print(f"{name:28s} {per_token:12.0f} {bf16 / per_token:7.2f}x {kl:10.2e} {err:8.4f} "
+            print(f"{name:34s} {per_token:12.0f} {bf16 / per_token:7.2f}x {kl:10.2e} {err:8.4f} "
                   f"{1e3 * t_enc / len(chunks):9.0f}")
 
 

@@ -89,6 +89,15 @@ def test_float32_and_float16_chunks_and_a_short_last_chunk():
     assert s.estimate_serialized_size(layout(short)) < s.estimate_serialized_size(layout(chunk()))
 
 
+def test_fp16_sinks_cost_bytes_and_round_trip():
+    src = chunk(5)
+    plain, sinks = serde("quant-k3v2"), serde("quant-k3v2", sinks=4)
+    assert sinks.estimate_serialized_size(layout(src)) > plain.estimate_serialized_size(layout(src))
+    _, out = round_trip(sinks, src)
+    assert rel(out[:, :, :4], src[:, :, :4]) < 0.01  # the first tokens come back at fp16
+    assert rel(out, src) < 0.35
+
+
 def test_the_rate_is_fixed_by_the_preset():
     """Bytes per chunk from the container's bound: 4-bit K and V above 3/2-bit, both below bf16."""
     src = chunk()
@@ -105,7 +114,7 @@ def test_presets_without_a_fixed_size_are_refused(preset):
 
 @pytest.mark.parametrize("kwargs,match", [
     ({"head_dim": 60}, "head_dim"), ({"head_dim": "128"}, "head_dim"), ({"rope_theta": -1}, "rope_theta"),
-    ({"max_workers": 0}, "max_workers"), ({"level": 3}, "unknown argument"), ({"preset": 3}, "preset")])
+    ({"max_workers": 0}, "max_workers"), ({"sinks": -1}, "sinks"), ({"sinks": True}, "sinks"), ({"level": 3}, "unknown argument"), ({"preset": 3}, "preset")])
 def test_bad_kwargs_are_refused(kwargs, match):
     with pytest.raises(e8kv.E8kvError, match=match):
         e8lmc.SerdeConfig.from_kwargs(kwargs)
