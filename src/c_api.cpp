@@ -466,6 +466,14 @@ e8kv_status e8kv_serialized_size(const e8kv_cache* cache, size_t* size) noexcept
   });
 }
 
+e8kv_status e8kv_serialized_size_bound(const e8kv_cache* cache, size_t* size) noexcept {
+  return guarded("e8kv_serialized_size_bound", E8KV_ERROR_INTERNAL, [&] {
+    require_argument(cache != nullptr && cache->kv.valid(), "cache is NULL or holds no layout");
+    require_argument(size != nullptr, "size (the output) is NULL");
+    *size = e8kv::entropy::serialized_size_bound(cache->kv, e8kv::entropy::ContainerOptions{});
+  });
+}
+
 e8kv_status e8kv_serialize(const e8kv_cache* cache, void* buffer, size_t capacity, size_t* size) noexcept {
   return guarded("e8kv_serialize", E8KV_ERROR_INTERNAL, [&] {
     require_argument(cache != nullptr && cache->kv.valid(), "cache is NULL or holds no layout");

@@ -358,6 +358,8 @@ static void test_container(e8kv_compressor* c, const e8kv_cache* cache) {
   copy = (unsigned char*)malloc(size);
   CHECK_FAILS(e8kv_serialized_size(NULL, &needed), E8KV_ERROR_INVALID_ARGUMENT, "e8kv_serialized_size");
   CHECK_FAILS(e8kv_serialized_size(cache, NULL), E8KV_ERROR_INVALID_ARGUMENT, "e8kv_serialized_size");
+  CHECK_FAILS(e8kv_serialized_size_bound(NULL, &needed), E8KV_ERROR_INVALID_ARGUMENT, "e8kv_serialized_size_bound");
+  CHECK_FAILS(e8kv_serialized_size_bound(cache, NULL), E8KV_ERROR_INVALID_ARGUMENT, "e8kv_serialized_size_bound");
   memset(small, 0xAB, sizeof small);
   CHECK_FAILS(e8kv_serialize(cache, small, sizeof small, &reported), E8KV_ERROR_INVALID_ARGUMENT, "e8kv_serialize");
   CHECK(reported == size); /* the documented exception: the size needed */

@@ -373,7 +373,7 @@ static void test_serialize_round_trip(void) {
   e8kv_kv_input kv = kv_input(E8KV_DTYPE_F32, 0, kTokens);
   e8kv_query_input queries = query_input(E8KV_DTYPE_F32);
   e8kv_cache *cache = NULL, *back = NULL, *back_shared = NULL;
-  size_t size = 0, written = 0, alloc_size = 0;
+  size_t size = 0, written = 0, alloc_size = 0, bound = 0;
   unsigned char *buffer, *alloc_blob;
   float q[kQRow], out[kQRow], lse[kQHeads], out2[kQRow], lse2[kQHeads];
   int layer;
@@ -381,6 +381,8 @@ static void test_serialize_round_trip(void) {
   if (!cache) return;
   CHECK_OK(e8kv_serialized_size(cache, &size));
   CHECK(size > 0);
+  CHECK_OK(e8kv_serialized_size_bound(cache, &bound));
+  CHECK(bound >= size);
   buffer = (unsigned char*)malloc(size);
   CHECK_OK(e8kv_serialize(cache, buffer, size, &written)); /* exactly the size: enough */
   CHECK(written == size);

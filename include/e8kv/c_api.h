@@ -229,6 +229,11 @@ E8KV_C_EXPORT e8kv_status e8kv_decompress_layer(const e8kv_cache* cache, int32_t
 
 /* The exact size e8kv_serialize writes (it compresses the whole cache to know it). */
 E8KV_C_EXPORT e8kv_status e8kv_serialized_size(const e8kv_cache* cache, size_t* size) E8KV_NOEXCEPT;
+/* An upper bound on that size without compressing: header, layer table and chunk directory exact,
+ * every stream at its raw size (a stream is stored as it is unless zstd makes it smaller). It depends only on the
+ * cache's layout and stored token counts, not on the values, so caches of one configuration and token
+ * count share it: a fixed-size slot (LMCache's serde buffers) sized by it always holds the container. */
+E8KV_C_EXPORT e8kv_status e8kv_serialized_size_bound(const e8kv_cache* cache, size_t* size) E8KV_NOEXCEPT;
 /* Writes the container into buffer[0, capacity); *size receives its size. A capacity below it
  * gives E8KV_ERROR_INVALID_ARGUMENT with *size set to the size needed. */
 E8KV_C_EXPORT e8kv_status e8kv_serialize(const e8kv_cache* cache, void* buffer, size_t capacity,

@@ -344,6 +344,9 @@ TEST(ContainerRoundTrip, ChunkSizesTransformsAndLevels) {
   const auto stored = ent::serialize(m.cache, stored_only);
   expect_cache_eq(m.cache, deser(stored));
   EXPECT_GE(stored.size(), reference.size());
+  // serialized_size_bound is exactly this container (every stream stored) and bounds every other.
+  EXPECT_EQ(ent::serialized_size_bound(m.cache, stored_only), stored.size());
+  EXPECT_LE(eager.size(), ent::serialized_size_bound(m.cache, every_gain));
   ent::ContainerOptions a;
   a.adaptive = true;
   const auto adaptive = ent::serialize(m.cache, a);

@@ -173,7 +173,9 @@ struct ContainerInfo {
 /// Exact size serialize() writes. Does the whole compression (use serialized_size_bound to size
 /// a buffer cheaply, or the vector-returning serialize to do the work once).
 size_t serialized_size(const CompressedKV& cache, const ContainerOptions& options = {});
-/// An upper bound on serialized_size (no compression done).
+/// An upper bound on serialized_size (no compression done): headers, directory and every stream's
+/// raw bytes (the encoder keeps a zstd frame only when it is smaller than the stream). It depends
+/// only on the layout and the stored token counts, not on the values.
 size_t serialized_size_bound(const CompressedKV& cache, const ContainerOptions& options = {});
 /// Writes the container into out[0, cap) and returns its size; throws e8kv::Error (naming the
 /// needed size) when cap is too small.

@@ -81,6 +81,7 @@ FUNCTIONS = {
     "e8kv_decompress_layer": (_status, [_handle, c_int32, c_int64, POINTER(c_int32), POINTER(c_float),
                                         POINTER(c_float), POINTER(c_float)]),
     "e8kv_serialized_size": (_status, [_handle, POINTER(c_size_t)]),
+    "e8kv_serialized_size_bound": (_status, [_handle, POINTER(c_size_t)]),
     "e8kv_serialize": (_status, [_handle, c_void_p, c_size_t, POINTER(c_size_t)]),
     "e8kv_serialize_alloc": (_status, [_handle, POINTER(c_void_p), POINTER(c_size_t)]),
     "e8kv_free": (None, [c_void_p]),

@@ -556,6 +556,14 @@ class Cache:
             _check(lib().e8kv_serialized_size(h, byref(n)))
         return n.value
 
+    def serialized_size_bound(self) -> int:
+        """An upper bound on serialized_size without compressing; it depends only on the layout and
+        the stored token counts, so caches of one configuration and token count share it."""
+        with self._guard.read("Cache.serialized_size_bound") as h:
+            n = c_size_t()
+            _check(lib().e8kv_serialized_size_bound(h, byref(n)))
+        return n.value
+
     @property
     def next_position(self) -> int:
         """The position after the last token stored (what append / extend continue from)."""
