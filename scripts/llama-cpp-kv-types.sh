@@ -16,7 +16,8 @@
 #   E8KV_LLAMA_MODEL=gemma3   Gemma-3-270M instead of SmolLM2 (scripts/fetch-model.sh names)
 #   E8KV_CTX=2048             chunk length (default 512)
 #   E8KV_LLAMA_TOOLS_BUILD    build directory (default build/llama-tools)
-# Not part of CI (CI runs a short version as a test: scripts/llama-cpp-memory-check.sh).
+# Not part of CI: CI runs the same protocol, 2 chunks and two presets, through the API with KL
+# bounds (llama_cpp_memory_test, PerplexityProtocolKlWithinBounds).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 CHUNKS="${1:-8}"

@@ -15,17 +15,9 @@ source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 SPEC="${1:-preset=quant-k3v2}"
 PROMPT_CHARS="${2:-}"
 bash "$E8KV_ROOT/scripts/setup.sh"
-SRC="$(bash "$E8KV_ROOT/scripts/fetch-llama-cpp.sh")"
 MODEL_NAME="${E8KV_LLAMA_MODEL:-smollm2}"
 MODEL="$(bash "$E8KV_ROOT/scripts/fetch-model.sh" "$MODEL_NAME")"
-BUILD="${E8KV_LLAMA_TOOLS_BUILD:-$E8KV_ROOT/build/llama-tools}"
-cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DGGML_OPENMP=OFF \
-      -DLLAMA_BUILD_COMMON=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TESTS=OFF \
-      -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF \
-      -DLLAMA_USE_PREBUILT_UI=OFF \
-      -DGGML_E8KV_SOURCE="$E8KV_ROOT/integrations/llama.cpp/ggml/ggml-e8kv.cpp" \
-      -DGGML_E8KV_INCLUDE_DIR="$E8KV_ROOT/include" >/dev/null
-cmake --build "$BUILD" -j "$E8KV_JOBS" --target llama-server >/dev/null
+BUILD="$(dirname "$(bash "$E8KV_ROOT/scripts/build-llama-cpp.sh" llama-server)")"
 E8KV_TARGETS=(e8kv-llama-state)
 configure_and_build >/dev/null
 TOOL="$E8KV_BUILD/integrations/llama.cpp/e8kv-llama-state"

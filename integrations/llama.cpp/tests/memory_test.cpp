@@ -362,4 +362,66 @@ TEST_F(MemoryTest, BadSpecsAndModelsRefusedByName) {
   }
 }
 
+// llama-perplexity's --kl-divergence protocol through the same API (the tool itself is not built
+// in CI: scripts/llama-cpp-kv-types.sh runs it): chunks of 512 tokens of the fiction corpus, each
+// decoded in two calls of 256 (the prompt, then the scored half, every token of which attends its
+// predecessors as the cache holds them), next-token KL against llama.cpp's f16 cache. Bounds:
+// 1.5x what was measured when this test was written (docs/llama-cpp.md has the full table).
+TEST_F(MemoryTest, PerplexityProtocolKlWithinBounds) {
+  const std::string path = e8kv::llama::default_cache_dir() + "/text/fiction.txt";
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) GTEST_SKIP() << "corpus absent: " << path << " (scripts/fetch-data.sh)";
+  std::string text(200000, '\0');
+  text.resize(std::fread(&text[0], 1, text.size(), f));
+  std::fclose(f);
+  const llama_vocab* vocab = llama_model_get_vocab(model_.get());
+  std::vector<llama_token> toks(text.size());
+  const int n = llama_tokenize(vocab, text.data(), static_cast<int32_t>(text.size()), toks.data(),
+                               static_cast<int32_t>(toks.size()), true, false);
+  constexpr int kChunk = 512, kChunks = 2, kHalf = kChunk / 2;
+  ASSERT_GE(n, kChunk * kChunks);
+  auto scored_logits = [&](const char* spec) {
+    ContextPtr ctx = context(spec);
+    std::vector<float> out;
+    if (!ctx) return out;
+    for (int c = 0; c < kChunks; ++c) {
+      llama_memory_clear(llama_get_memory(ctx.get()), true);
+      for (int call = 0; call < 2; ++call) {
+        llama_batch b = llama_batch_init(kHalf, 0, 1);
+        for (int i = 0; i < kHalf; ++i) {
+          b.token[i] = toks[static_cast<size_t>(c * kChunk + call * kHalf + i)];
+          b.pos[i] = call * kHalf + i;
+          b.n_seq_id[i] = 1;
+          b.seq_id[i][0] = 0;
+          b.logits[i] = call == 1 && i < kHalf - 1;  // the last token has no next token in the chunk
+        }
+        b.n_tokens = kHalf;
+        const int rc = llama_decode(ctx.get(), b);
+        llama_batch_free(b);
+        if (rc != 0) return std::vector<float>{};
+        if (call == 1)
+          for (int i = 0; i < kHalf - 1; ++i) {
+            const float* l = llama_get_logits_ith(ctx.get(), i);
+            out.insert(out.end(), l, l + n_vocab_);
+          }
+      }
+    }
+    return out;
+  };
+  const std::vector<float> base = scored_logits(nullptr);
+  ASSERT_FALSE(base.empty()) << g_log;
+  const struct {
+    const char* spec;
+    double bound;
+  } rows[] = {{"preset=tier-k3v2", 0.0195}, {"preset=quant-k3v2", 0.041}};  // measured 0.0130, 0.0271
+  for (const auto& r : rows) {
+    const std::vector<float> got = scored_logits(r.spec);
+    ASSERT_FALSE(got.empty()) << r.spec << ": " << g_log;
+    const double kl = mean_kl(base, got);
+    std::printf("%s: mean KL %.5f over %d scored tokens (bound %.4f)\n", r.spec, kl, kChunks * (kHalf - 1), r.bound);
+    EXPECT_LE(kl, r.bound) << r.spec;
+    EXPECT_GT(kl, 1e-4) << r.spec << ": a quantized cache that changes nothing is not being read";
+  }
+}
+
 }  // namespace
