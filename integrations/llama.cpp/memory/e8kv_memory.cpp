@@ -45,8 +45,10 @@ Memory::Memory(const e8kv::ModelShape& shape, const e8kv::Config& config, uint32
 
 Memory::~Memory() {
   for (auto& s : seqs_) account(s);
+  // At warning level: the tools' default log threshold drops llama.cpp's info lines, and this is
+  // the run's size accounting that scripts/llama-cpp-kv-types.sh reads.
   if (run_sequences_ > 0)
-    LLAMA_LOG_INFO("e8kv memory: bits per element over the run: %.4f (bytes() of %lld compressed sequences "
+    LLAMA_LOG_WARN("e8kv memory: bits per element over the run: %.4f (bytes() of %lld compressed sequences "
                    "holding %lld tokens: %.0f bytes for %.0f key and value elements; spec '%s')\n",
                    8.0 * run_bytes_ / run_elements_, static_cast<long long>(run_sequences_),
                    static_cast<long long>(run_tokens_), run_bytes_, run_elements_, spec_.c_str());
