@@ -33,8 +33,9 @@ COMMON=(-std=c++17 -g -fno-omit-frame-pointer -ffp-contract=off -fno-sanitize-re
 mapfile -t FUZZED < <(find "$ROOT/src/container" "$ROOT/integrations/llama.cpp/src" -name '*.cpp' | sort)
 # The C ABI and the paged cache are not reachable from a container read (a linker map of the
 # targets pulls neither): not compiled here.
+# (src/store is the optional Redis store: it needs libhiredis and no fuzzer reads it.)
 mapfile -t SUPPORT < <(find "$ROOT/src" -name '*.cpp' -not -path "$ROOT/src/container/*" \
-                         -not -name c_api.cpp -not -name paged_kv.cpp | sort)
+                         -not -path "$ROOT/src/store/*" -not -name c_api.cpp -not -name paged_kv.cpp | sort)
 SUPPORT+=("$ROOT/fuzz/seed_corpus.cpp")
 TARGETS=(container_fuzz layer_read_fuzz llama_state_fuzz)
 mkdir -p "$BUILD/obj" "$BUILD/artifacts"
