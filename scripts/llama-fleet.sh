@@ -71,7 +71,7 @@ t1=$(date +%s.%N)
 api $PA "/slots/0?action=save" '{"filename": "slot.bin"}' > "$W/save.json"
 "$TOOL" push --model "$MODEL" --store "$STORE" --config "$SPEC" --chunk "$CHUNK" --ttl 3600 "$W/a/slot.bin" | tee "$W/push.txt"
 
-python3 -c 'import json,sys; print(json.dumps({"content": json.load(open(sys.argv[1]))["prompt"]}))' "$W/body.json" > "$W/tok-req.json"
+python3 -c 'import json,sys; print(json.dumps({"content": json.load(open(sys.argv[1]))["prompt"], "add_special": True}))' "$W/body.json" > "$W/tok-req.json"
 api $PB /tokenize "@$W/tok-req.json" > "$W/tokens.json"
 t2=$(date +%s.%N)
 set +e

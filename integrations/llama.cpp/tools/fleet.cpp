@@ -34,6 +34,22 @@ SlotFile parse_slot_file(const uint8_t* file, size_t size) {
   const uint32_t n = read_u32(file + 8);
   s.tokens.resize(n);
   if (n) std::memcpy(s.tokens.data(), file + 12, size_t{n} * 4);
+  // llama-server writes its prompt's packed form, not the bare tokens: -1 (LLAMA_TOKEN_NULL),
+  // the format version (1), the token count, the tokens, the count of media chunks (then the
+  // chunks). A bare list (llama_state_seq_save_file's other callers, older servers) starts with a
+  // token id, never -1. Restoring accepts either form, so truncate_slot_file writes bare tokens.
+  if (n > 0 && s.tokens[0] == -1) {
+    if (n < 4 || s.tokens[1] != 1)
+      throw Error("slot file: llama-server's packed token list has version " +
+                  (n < 2 ? std::string("(missing)") : std::to_string(s.tokens[1])) + "; this tool reads version 1");
+    const uint32_t count = static_cast<uint32_t>(s.tokens[2]);
+    if (count > n - 4)
+      throw Error("slot file: llama-server's packed token list claims " + std::to_string(count) + " tokens in " +
+                  std::to_string(n) + " words");
+    if (s.tokens[3 + count] != 0)
+      throw Error("slot file: the slot holds media chunks (a multimodal prompt): not supported");
+    s.tokens = std::vector<int32_t>(s.tokens.begin() + 3, s.tokens.begin() + 3 + count);
+  }
   return s;
 }
 
