@@ -16,29 +16,7 @@
 #define HAVE_PTHREADS 1
 #endif
 
-static int g_failures = 0;
-static int g_checks = 0;
-
-#define CHECK(cond)                                                       \
-  do {                                                                    \
-    ++g_checks;                                                           \
-    if (!(cond)) {                                                        \
-      ++g_failures;                                                       \
-      fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-    }                                                                     \
-  } while (0)
-
-/* A call must succeed; on failure prints the library's message. */
-#define CHECK_OK(call)                                                                            \
-  do {                                                                                            \
-    e8kv_status status_ = (call);                                                                 \
-    ++g_checks;                                                                                   \
-    if (status_ != E8KV_OK) {                                                                     \
-      ++g_failures;                                                                               \
-      fprintf(stderr, "%s:%d: %s returned %s: %s\n", __FILE__, __LINE__, #call, e8kv_status_name(status_), \
-              e8kv_last_error());                                                                 \
-    }                                                                                             \
-  } while (0)
+#include "testing/c_checks.h"
 
 /* A call must fail with `expected` and leave a message containing `fragment`. */
 #define CHECK_FAILS(call, expected, fragment)                                                        \
