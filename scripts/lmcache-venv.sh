@@ -8,20 +8,7 @@
 # Location: ${E8KV_CACHE:-~/.cache/e8kv}/lmcache/venv. Progress goes to stderr.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cache="${E8KV_CACHE:-$HOME/.cache/e8kv}"
-venv="$cache/lmcache/venv"
-lock="$root/bench/lmcache/requirements.lock"
-if [ ! -x "$venv/bin/python" ] || ! cmp -s "$lock" "$venv/.e8kv-lock"; then
-  echo "[lmcache-venv] creating $venv from bench/lmcache/requirements.lock (~6 GB)" >&2
-  rm -rf "$venv"
-  if ! python3 -c "import ensurepip, venv" >/dev/null 2>&1; then  # Debian's python3 ships venv apart
-    SUDO=""; [ "$(id -u)" != 0 ] && SUDO="sudo"
-    $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq python3-venv >/dev/null
-  fi
-  mkdir -p "$(dirname "$venv")"
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install --no-input -q -r "$lock" >&2
-  "$venv/bin/python" -c "import lmcache.v1.distributed.serde, lmcache.lmcache_redis" >&2
-  cp "$lock" "$venv/.e8kv-lock"
-fi
+venv="$(bash "$root/scripts/python-venv.sh" bench/lmcache/requirements.lock lmcache)"
+# The imports the serde needs (a venv that installed but cannot import them is not usable).
+"$venv/bin/python" -c "import lmcache.v1.distributed.serde, lmcache.lmcache_redis" >&2
 echo "$venv"

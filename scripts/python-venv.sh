@@ -7,10 +7,13 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cache="${E8KV_CACHE:-$HOME/.cache/e8kv}"
-venv="$cache/peers/venv"
-lock="$root/bench/peers/requirements.lock"
+# Arguments (scripts/lmcache-venv.sh passes them): another lock file, relative to the repository,
+# and the cache folder's name for its venv; with none, the peers' venv above.
+lock_rel="${1:-bench/peers/requirements.lock}"
+venv="$cache/${2:-peers}/venv"
+lock="$root/$lock_rel"
 if [ ! -x "$venv/bin/python" ] || ! cmp -s "$lock" "$venv/.e8kv-lock"; then
-  echo "[python-venv] creating $venv from bench/peers/requirements.lock (~6 GB)" >&2
+  echo "[python-venv] creating $venv from $lock_rel (~6 GB)" >&2
   rm -rf "$venv"
   if ! python3 -c "import ensurepip, venv" >/dev/null 2>&1; then  # Debian's python3 ships venv apart
     SUDO=""; [ "$(id -u)" != 0 ] && SUDO="sudo"
