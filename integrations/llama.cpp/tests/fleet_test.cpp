@@ -72,6 +72,33 @@ std::vector<int32_t> token_run(size_t n, int32_t first) {
   return t;
 }
 
+// llama-server writes its prompt's packed form into slot files (-1, version 1, count, tokens,
+// media count): read as bare tokens, every prefix key missed (found by scripts/llama-fleet.sh).
+TEST(FleetSlot, ServerPackedTokenListIsReadAsItsTokens) {
+  const std::vector<int32_t> tokens = token_run(11, 7);
+  auto file_with = [](const std::vector<int32_t>& words) {
+    std::vector<uint8_t> f(12 + words.size() * 4);
+    const uint32_t head[3] = {kSeqFileMagic, kSeqFileVersion, static_cast<uint32_t>(words.size())};
+    std::memcpy(f.data(), head, 12);
+    std::memcpy(f.data() + 12, words.data(), words.size() * 4);
+    return f;
+  };
+  std::vector<int32_t> packed = {-1, 1, static_cast<int32_t>(tokens.size())};
+  packed.insert(packed.end(), tokens.begin(), tokens.end());
+  packed.push_back(0);  // no media chunks
+  const auto f = file_with(packed);
+  EXPECT_EQ(parse_slot_file(f.data(), f.size()).tokens, tokens);
+  const auto bare = file_with(tokens);
+  EXPECT_EQ(parse_slot_file(bare.data(), bare.size()).tokens, tokens);
+  packed[1] = 2;  // another version of the packed form
+  const auto v2 = file_with(packed);
+  EXPECT_THROW(parse_slot_file(v2.data(), v2.size()), Error);
+  packed[1] = 1;
+  packed.back() = 1;  // a media chunk (multimodal prompt)
+  const auto media = file_with(packed);
+  EXPECT_THROW(parse_slot_file(media.data(), media.size()), Error);
+}
+
 TEST(FleetSlot, TruncateKeepsThePrefixCells) {
   for (bool v_trans : {false, true}) {
     const auto tokens = token_run(37, 5);
