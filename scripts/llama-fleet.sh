@@ -13,49 +13,35 @@
 #
 #   scripts/llama-fleet.sh LLAMA_BIN_DIR [SPEC (default preset=quant-k3v2)] [PROMPT_CHARS (default 6000)]
 #   LLAMA_BIN_DIR: the directory holding llama-server (e.g. build/llama-tools/bin).
-#   E8KV_FLEET_CHUNK=256 tokens per key chunk; E8KV_LLAMA_MODEL=smollm2|gemma3.
+#   E8KV_FLEET_CHUNK=256 tokens per key chunk; E8KV_LLAMA_MODEL=smollm2|gemma3;
+#   E8KV_FLEET_STORE=unix (default) or tcp: Redis over its Unix socket or loopback TCP.
+#   Time to first token per preset, repeated: bench/fleet_ttft.sh.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 BIN_DIR="${1:?usage: scripts/llama-fleet.sh LLAMA_BIN_DIR [SPEC] [PROMPT_CHARS]}"
 SPEC="${2:-preset=quant-k3v2}"
 PROMPT_CHARS="${3:-6000}"
 CHUNK="${E8KV_FLEET_CHUNK:-256}"
-SERVER="$BIN_DIR/llama-server"
-[ -x "$SERVER" ] || { echo "[fleet] error: no llama-server in $BIN_DIR" >&2; exit 2; }
-command -v redis-server >/dev/null || { echo "[fleet] error: redis-server is not installed (scripts/setup.sh)" >&2; exit 2; }
-MODEL="$(bash "$E8KV_ROOT/scripts/fetch-model.sh" "${E8KV_LLAMA_MODEL:-smollm2}")"
+FLEET_SERVER="$BIN_DIR/llama-server"
+[ -x "$FLEET_SERVER" ] || { echo "[fleet] error: no llama-server in $BIN_DIR" >&2; exit 2; }
+FLEET_MODEL="$(bash "$E8KV_ROOT/scripts/fetch-model.sh" "${E8KV_LLAMA_MODEL:-smollm2}")"
+MODEL="$FLEET_MODEL"
 TOOL="${E8KV_LLAMA_STATE_TOOL:-$E8KV_BUILD/integrations/llama.cpp/e8kv-llama-state}"
 if [ ! -x "$TOOL" ]; then
   E8KV_TARGETS=(e8kv-llama-state)
   configure_and_build >/dev/null
 fi
-
-W="$(mktemp -d)"
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  rm -rf "$W"
-}
-trap cleanup EXIT
-mkdir -p "$W/a" "$W/b"
-redis-server --port 0 --unixsocket "$W/redis.sock" --save '' --appendonly no --dir "$W" \
-  --logfile "$W/redis.log" &
-pids+=($!)
-STORE="unix://$W/redis.sock"
+source "$E8KV_ROOT/scripts/fleet-common.sh"
+fleet_init
+W="$FLEET_DIR"
+fleet_start_redis
+STORE="$FLEET_REDIS_UNIX"
+[ "${E8KV_FLEET_STORE:-unix}" = tcp ] && STORE="$FLEET_REDIS_TCP"
 PA="${E8KV_FLEET_PORT:-18101}"; PB=$((PA + 1))
-for s in a b; do
-  port=$PA; [ $s = b ] && port=$PB
-  "$SERVER" -m "$MODEL" -c 8192 -np 1 -fa on -t "$E8KV_JOBS" --port "$port" --slot-save-path "$W/$s/" \
-    > "$W/server-$s.log" 2>&1 &
-  pids+=($!)
-done
-for port in $PA $PB; do
-  for _ in $(seq 1 120); do curl -sf "http://127.0.0.1:$port/health" >/dev/null && break; sleep 0.5; done
-  curl -sf "http://127.0.0.1:$port/health" >/dev/null || { echo "[fleet] server on $port did not start" >&2; cat "$W"/server-*.log >&2; exit 1; }
-done
-[ -S "$W/redis.sock" ] || { echo "[fleet] redis did not start" >&2; exit 1; }
-api() { curl -sf -X POST "http://127.0.0.1:$1$2" -H 'Content-Type: application/json' -d "$3"; }
+fleet_start_server a $PA
+fleet_start_server b $PB
+fleet_wait $PA $PB
+api() { fleet_api "$@"; }
 
 TEXT="$(bash "$E8KV_ROOT/scripts/fetch-text.sh" | grep fiction)"
 python3 - "$TEXT" "$PROMPT_CHARS" > "$W/body.json" <<'EOF'

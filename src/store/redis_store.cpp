@@ -85,7 +85,13 @@ class SigpipeGuard {
 class RedisStore final : public Store {
  public:
   RedisStore(std::string address, StoreAddress where, StoreOptions options)
-      : address_(std::move(address)), where_(std::move(where)), options_(options) {
+      : address_(redact_address(address)), where_(std::move(where)), options_(std::move(options)) {
+    if (where_.password.empty()) {  // the address carries no credentials: the options' (if any)
+      where_.user = options_.user;
+      where_.password = options_.password;
+    }
+    if (!where_.user.empty() && where_.password.empty())
+      throw Error("store " + address_ + ": a user without a password; give StoreOptions::password (or E8KV_STORE_PASSWORD)");
     connect();
   }
 
@@ -161,6 +167,29 @@ class RedisStore final : public Store {
     if (redisSetTimeout(ctx.get(), to_timeval(options_.command_timeout)) != REDIS_OK)
       throw Error("store " + address_ + ": cannot set the command timeout (" + std::string(ctx->errstr) + ")");
     ctx_ = std::move(ctx);
+    // On every (re)connect: a connection starts unauthenticated and in database 0.
+    if (!where_.password.empty()) {
+      const bool named = !where_.user.empty();
+      const char* argv[3] = {"AUTH", named ? where_.user.c_str() : where_.password.c_str(), where_.password.c_str()};
+      size_t lens[3] = {4, named ? where_.user.size() : where_.password.size(), where_.password.size()};
+      ReplyPtr r = command(named ? 3 : 2, argv, lens, "AUTH");
+      if (r->type != REDIS_REPLY_STATUS) {
+        Error e = unexpected("AUTH", r.get());
+        drop();
+        throw e;
+      }
+    }
+    if (where_.db != 0) {
+      const std::string db = std::to_string(where_.db);
+      const char* argv[2] = {"SELECT", db.c_str()};
+      size_t lens[2] = {6, db.size()};
+      ReplyPtr r = command(2, argv, lens, "SELECT");
+      if (r->type != REDIS_REPLY_STATUS) {
+        Error e = unexpected(("SELECT " + db).c_str(), r.get());
+        drop();
+        throw e;
+      }
+    }
   }
   void ensure_connected() {
     if (!ctx_) connect();
@@ -177,8 +206,14 @@ class RedisStore final : public Store {
     return Error("store " + address_ + ": " + what + " failed: " + why);
   }
   Error unexpected(const char* what, const redisReply* r) {
-    if (r->type == REDIS_REPLY_ERROR)
-      return Error("store " + address_ + ": " + what + " refused by the server: " + std::string(r->str, r->len));
+    if (r->type == REDIS_REPLY_ERROR) {
+      const std::string reason(r->str, r->len);
+      const bool needs_auth = reason.rfind("NOAUTH", 0) == 0;
+      return Error("store " + address_ + ": " + what + " refused by the server: " + reason +
+                   (needs_auth ? " (the server wants a password: redis://[user]:PASSWORD@host, or "
+                                 "StoreOptions::password; the e8kv tools read E8KV_STORE_PASSWORD)"
+                               : ""));
+    }
     return Error("store " + address_ + ": " + what + " gave an unexpected " + reply_type_name(r->type) + " reply");
   }
   ReplyPtr command(int argc, const char** argv, const size_t* lens, const char* what) {

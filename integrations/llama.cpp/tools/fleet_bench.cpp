@@ -155,7 +155,8 @@ int latency(const Args& a, const Model& m, const std::vector<uint8_t>& slot) {
   std::vector<double> push_ms, pull_ms, put_ms, get_ms;
   size_t value = 0;
   for (size_t r = 0; r < a.reps; ++r) {
-    auto s = store::open_store(a.store);
+    store::StoreOptions so;
+    auto s = store::open_store(a.store, store::credentials_from_environment(so));
     // Unique keys per repetition: another fingerprint (salted layout) so nothing is already there.
     fm.fingerprint = store::model_fingerprint(m.tensors, fleet::layout_string(fm.caches) + std::to_string(r) +
                                                              std::to_string(Clock::now().time_since_epoch().count()));
@@ -215,7 +216,7 @@ int load(const Args& a, const Model& m) {
         if (!s) {
           store::StoreOptions o;
           o.connect_timeout = o.command_timeout = std::chrono::milliseconds(500);
-          s = store::open_store(a.store, o);
+          s = store::open_store(a.store, store::credentials_from_environment(o));
         }
         if (rng() % 4 == 0) {
           fleet::push_slot(*s, fm, slots[d].data(), slots[d].size(), std::chrono::seconds(120));

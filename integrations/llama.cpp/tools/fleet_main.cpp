@@ -4,7 +4,8 @@
 //   e8kv-llama-state pull --model M.gguf --store ADDR [--config SPEC] [--chunk N]
 //                         (--tokens 1,2,3 | --tokens-file F) OUT_SLOT_FILE
 //
-// ADDR: redis://host[:port] or unix:///path/redis.sock. pull writes OUT only on a hit and prints
+// ADDR: redis://[[user]:password@]host[:port][/db] or unix:///path/redis.sock[?db=N]; the password
+// can come from E8KV_STORE_PASSWORD (and E8KV_STORE_USER) instead. pull writes OUT only on a hit and prints
 // "restored N tokens"; exit 0 on a hit, 3 on a miss, 1 on an error (store down, bad input).
 #include <chrono>
 #include <cstdio>
@@ -53,7 +54,8 @@ int usage() {
                "usage: e8kv-llama-state push --model M.gguf --store ADDR [--config SPEC] [--chunk N] [--ttl SECONDS] SLOT_FILE\n"
                "       e8kv-llama-state pull --model M.gguf --store ADDR [--config SPEC] [--chunk N]\n"
                "                             (--tokens 1,2,3 | --tokens-file F) OUT_SLOT_FILE\n"
-               "ADDR: redis://host[:port] or unix:///path/to/redis.sock. --chunk: tokens per key chunk (default 256;\n"
+               "ADDR: redis://[[user]:password@]host[:port][/db] or unix:///path/to/redis.sock[?db=N]; a password\n"
+               "can come from E8KV_STORE_PASSWORD (and E8KV_STORE_USER) instead. --chunk: tokens per key chunk (default 256;\n"
                "every server of the fleet must use the same --chunk and --config). pull exits 0 on a hit, 3 on a miss.\n");
   return 2;
 }
@@ -99,6 +101,7 @@ int run_cli(int argc, char** argv) {
   store::StoreOptions so;
   so.command_timeout = std::chrono::milliseconds(timeout_ms);
   so.connect_timeout = std::chrono::milliseconds(timeout_ms);
+  store::credentials_from_environment(so);  // E8KV_STORE_USER / E8KV_STORE_PASSWORD
 
   if (cmd == "push") {
     const std::vector<uint8_t> slot = read_file(files[0]);

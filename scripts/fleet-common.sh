@@ -1,0 +1,54 @@
+# Sourced by scripts/llama-fleet.sh and bench/fleet_ttft.sh: a throwaway fleet on this machine.
+#   fleet_init                       a work dir $FLEET_DIR, everything started below stopped on exit
+#   fleet_start_redis                redis-server on $FLEET_DIR/redis.sock and a free loopback port,
+#                                    no persistence; sets FLEET_REDIS_UNIX and FLEET_REDIS_TCP
+#   fleet_start_server NAME PORT     llama-server ($FLEET_SERVER) on $FLEET_MODEL, one slot, flash
+#                                    attention, --slot-save-path $FLEET_DIR/NAME/
+#   fleet_wait PORT...               until each server answers /health (exits 1 with the logs if not)
+#   fleet_api PORT PATH JSON         POST JSON (or @file) to a server, prints the answer
+# Needs FLEET_SERVER, FLEET_MODEL (and E8KV_JOBS from env.sh) set by the caller.
+
+fleet_init() {
+  FLEET_DIR="$(mktemp -d)"
+  FLEET_PIDS=()
+  trap fleet_cleanup EXIT
+}
+
+fleet_cleanup() {
+  local p
+  for p in "${FLEET_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${FLEET_PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  rm -rf "$FLEET_DIR"
+}
+
+fleet_start_redis() {
+  command -v redis-server >/dev/null || { echo "[fleet] error: redis-server is not installed (scripts/setup.sh)" >&2; exit 2; }
+  local port
+  port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+  redis-server --port "$port" --bind 127.0.0.1 --unixsocket "$FLEET_DIR/redis.sock" --unixsocketperm 700 \
+    --save '' --appendonly no --dir "$FLEET_DIR" --logfile "$FLEET_DIR/redis.log" &
+  FLEET_PIDS+=($!)
+  for _ in $(seq 1 100); do [ -S "$FLEET_DIR/redis.sock" ] && break; sleep 0.05; done
+  [ -S "$FLEET_DIR/redis.sock" ] || { echo "[fleet] redis did not start" >&2; cat "$FLEET_DIR/redis.log" >&2; exit 1; }
+  FLEET_REDIS_UNIX="unix://$FLEET_DIR/redis.sock"
+  FLEET_REDIS_TCP="redis://127.0.0.1:$port"
+}
+
+fleet_start_server() {
+  local name="$1" port="$2"
+  mkdir -p "$FLEET_DIR/$name"
+  "$FLEET_SERVER" -m "$FLEET_MODEL" -c 8192 -np 1 -fa on -t "$E8KV_JOBS" --port "$port" \
+    --slot-save-path "$FLEET_DIR/$name/" > "$FLEET_DIR/server-$name.log" 2>&1 &
+  FLEET_PIDS+=($!)
+}
+
+fleet_wait() {
+  local port
+  for port in "$@"; do
+    for _ in $(seq 1 120); do curl -sf "http://127.0.0.1:$port/health" >/dev/null && break; sleep 0.5; done
+    curl -sf "http://127.0.0.1:$port/health" >/dev/null ||
+      { echo "[fleet] server on $port did not start" >&2; cat "$FLEET_DIR"/server-*.log >&2; exit 1; }
+  done
+}
+
+fleet_api() { curl -sf -X POST "http://127.0.0.1:$1$2" -H 'Content-Type: application/json' -d "$3"; }
