@@ -3,7 +3,8 @@
 # with the real SmolLM2 GGUF (its fingerprint and shape) and a synthetic slot file of that shape:
 # a lossless push/pull gives the slot back byte for byte, a prompt sharing one chunk restores that
 # chunk, a foreign prompt misses (exit 3), a quantized preset's keys do not see lossless entries,
-# and a store that is down fails fast with exit 1 and a message naming it.
+# a store that is down fails fast with exit 1 and a message naming it, and a Redis that wants a
+# password is refused without one and used with E8KV_STORE_PASSWORD (database 2).
 #   fleet_cli_test.sh TOOL [MODEL.gguf]   (exit 77, skipped, without the model or redis; a missing
 #                                          model fails instead under E8KV_REQUIRE_DATA=1, as in CI)
 set -euo pipefail
@@ -14,7 +15,7 @@ if [ ! -f "$MODEL" ]; then
   echo "model $MODEL absent (scripts/fetch-data.sh): skipped"; exit 77
 fi
 [ -n "${E8KV_TEST_REDIS_UNIX:-}" ] || { echo "no redis (run under tests/store/with_redis.sh): skipped"; exit 77; }
-W="$(mktemp -d)"; trap 'rm -rf "$W"' EXIT
+W="$(mktemp -d)"; trap '[ -f "$W/auth.pid" ] && kill "$(cat "$W/auth.pid")" 2>/dev/null; rm -rf "$W"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
 # SmolLM2-135M: 30 layers, 3 KV heads x 64, f16 K rows and transposed V (flash attention off).
@@ -59,4 +60,21 @@ ms=$(( ($(date +%s%N) - start) / 1000000 ))
 [ "$rc" = 1 ] || fail "store down: exit $rc, expected 1"
 grep -q "cannot connect" "$W/err.txt" || fail "store down: message '$(cat "$W/err.txt")'"
 echo "store down: exit 1 after ${ms} ms: $(cat "$W/err.txt")"
+
+# A fleet's Redis with a password (the same redis-server binary with_redis.sh started).
+"${E8KV_TEST_REDIS_SERVER:-redis-server}" --port 0 --unixsocket "$W/auth.sock" --save '' --appendonly no --dir "$W" \
+  --requirepass fleet-pw --daemonize yes --pidfile "$W/auth.pid" --logfile "$W/auth.log"
+for _ in $(seq 1 100); do [ -S "$W/auth.sock" ] && break; sleep 0.05; done
+A="unix://$W/auth.sock?db=2"
+rc=0; "$TOOL" push --model "$MODEL" --store "$A" --config preset=quant-k3v2 "$W/slot.bin" 2> "$W/err.txt" || rc=$?
+[ "$rc" = 1 ] || fail "no password: exit $rc, expected 1"
+grep -q "NOAUTH" "$W/err.txt" || fail "no password: message '$(cat "$W/err.txt")'"
+E8KV_STORE_PASSWORD=fleet-pw "$TOOL" push --model "$MODEL" --store "$A" --config preset=quant-k3v2 "$W/slot.bin" \
+  | grep -q "512 of 512" || fail "push with E8KV_STORE_PASSWORD"
+E8KV_STORE_PASSWORD=fleet-pw "$TOOL" pull --model "$MODEL" --store "$A" --config preset=quant-k3v2 \
+  --tokens-file "$W/same.txt" "$W/auth.bin" | grep -q "restored 512 tokens" || fail "pull with E8KV_STORE_PASSWORD"
+cmp "$W/k3.bin" "$W/auth.bin" || fail "the password-protected store gave another slot"
+rc=0; E8KV_STORE_PASSWORD=fleet-pw "$TOOL" pull --model "$MODEL" --store "unix://$W/auth.sock" --config preset=quant-k3v2 \
+  --tokens-file "$W/same.txt" "$W/x.bin" || rc=$?
+[ "$rc" = 3 ] || fail "database 0 of the password-protected store: exit $rc, expected 3 (pushed to database 2)"
 echo "OK"
