@@ -434,7 +434,7 @@ std::vector<uint8_t> extend_compressed_state(const uint8_t* packed, size_t packe
 
 namespace {
 
-SeqState restore_cache(const CacheHeader& h, const CompressedKV& cache, const std::string& name) {
+SeqState restore_cache(const CacheHeader& h, const CompressedKV& cache, const std::string& name, Executor* executor) {
   if (cache.n_layers() != static_cast<int>(h.k_types.size()))
     throw Error("restore_seq_state: " + name + ": the container has " + std::to_string(cache.n_layers()) +
                 " layers, the header " + std::to_string(h.k_types.size()));
@@ -454,7 +454,9 @@ SeqState restore_cache(const CacheHeader& h, const CompressedKV& cache, const st
   const size_t H = static_cast<size_t>(cache.layout().n_kv_heads), d = static_cast<size_t>(cache.layout().head_dim);
   const size_t embd = H * d;
   S.layers.resize(h.k_types.size());
-  for (size_t l = 0; l < S.layers.size(); ++l) {
+  // Layers are independent: each task decodes one into its own S.layers[l].
+  run_tasks(executor, static_cast<int64_t>(S.layers.size()), [&](int64_t task) {
+    const size_t l = static_cast<size_t>(task);
     const DenseLayer dl = cache.decompress_layer(static_cast<int>(l));
     if (dl.positions != positions)
       throw Error("restore_seq_state: " + name + ": layer " + std::to_string(l) +
@@ -485,19 +487,20 @@ SeqState restore_cache(const CacheHeader& h, const CompressedKV& cache, const st
         for (size_t j = 0; j < embd; ++j)
           store_elements(&dl.values[row_of[i] * embd + j], 1, L.v_type, L.values.data() + (j * n + i) * vb);
     }
-  }
+  });
   return st;
 }
 
 }  // namespace
 
-std::vector<uint8_t> restore_seq_state(const uint8_t* packed, size_t size, const entropy::DeserializeOptions& options) {
+std::vector<uint8_t> restore_seq_state(const uint8_t* packed, size_t size, const entropy::DeserializeOptions& options,
+                                       Executor* executor) {
   std::vector<ContainerSpan> spans;
   const Header h = read_packed(packed, size, &spans);
   std::vector<SeqState> states;
   for (size_t c = 0; c < h.caches.size(); ++c) {
     const CompressedKV cache = entropy::deserialize(packed + spans[c].offset, spans[c].size, options);
-    states.push_back(restore_cache(h.caches[c], cache, cache_name(c, h.caches.size())));
+    states.push_back(restore_cache(h.caches[c], cache, cache_name(c, h.caches.size()), executor));
   }
   std::vector<uint8_t> out = h.prefix;
   const std::vector<uint8_t> body = write_seq_caches(states);

@@ -206,6 +206,23 @@ TEST(StateCodec, QuantizedPresetsKeepTheCellsWithBoundedError) {
   }
 }
 
+TEST(StateCodec, ThreadsGiveTheSameBytes) {
+  // Compressing and restoring the layers on a pool gives the bytes the calling thread alone gives,
+  // with V rows and transposed V (the fleet tool runs both on every core).
+  ThreadPool pool(3);
+  for (const bool v_trans : {false, true}) {
+    SCOPED_TRACE(v_trans ? "transposed V" : "V rows");
+    const KVCompressor c(kShape, config("preset=tier-k3v2,scorer=key-key"));
+    const auto state = write_seq_state(make_state(iota_positions(150, 0), 7, kGgmlF16, v_trans));
+    StateCompressOptions threaded;
+    threaded.executor = &pool;
+    const auto packed = compress_seq_state(state.data(), state.size(), c);
+    EXPECT_EQ(compress_seq_state(state.data(), state.size(), c, threaded), packed);
+    EXPECT_EQ(restore_seq_state(packed.data(), packed.size(), {}, &pool),
+              restore_seq_state(packed.data(), packed.size()));
+  }
+}
+
 TEST(StateCodec, SlotFilesKeepTheirTokenList) {
   const KVCompressor c(kShape, config("preset=lossless"));
   const auto state = write_seq_state(make_state(iota_positions(17), 9, kGgmlF16, true));

@@ -154,7 +154,9 @@ PushResult push_slot(store::Store& s, const FleetModel& model, const uint8_t* fi
     src = cut.data();
     src_size = cut.size();
   }
-  const std::vector<uint8_t> packed = compress_slot_file(src, src_size, model.caches);
+  StateCompressOptions options;
+  options.executor = model.executor;
+  const std::vector<uint8_t> packed = compress_slot_file(src, src_size, model.caches, options);
   const auto keys = store::prefix_keys(model.fingerprint, slot.tokens.data(), whole, C);
   r.published_tokens = whole;
   r.slot_bytes = src_size;
@@ -176,7 +178,7 @@ PullResult pull_slot(store::Store& s, const FleetModel& model, const std::vector
     if (info.caches.size() != model.caches.size())
       throw Error("holds " + std::to_string(info.caches.size()) + " KV caches, the model has " +
                   std::to_string(model.caches.size()));
-    restored = restore_seq_state(p, n);
+    restored = restore_seq_state(p, n, {}, model.executor);
     (void)parse_slot_file(restored.data(), restored.size());
   };
   store::PrefixHit hit = store::find_longest_prefix(s, keys, C, check, log);

@@ -46,6 +46,7 @@ struct FleetModel {
   std::vector<const KVCompressor*> caches;  ///< one per KV cache, llama.cpp's order
   store::Digest fingerprint{};              ///< model_fingerprint(GGUF tensors, layout_string(caches))
   size_t chunk_tokens = 256;
+  Executor* executor = nullptr;             ///< compresses and restores the layers in parallel (null: inline)
 };
 
 struct PushResult {

@@ -1,20 +1,25 @@
 // e8kv-llama-state push | pull: the command line of fleet.hpp.
 //
 //   e8kv-llama-state push --model M.gguf --store ADDR [--config SPEC] [--chunk N] [--ttl S] SLOT_FILE
+//   (both: [--threads N] compress / restore the layers on N threads, default: every core;
+//    [--timeout-ms MS] the store's connect and command timeouts, default 2000)
 //   e8kv-llama-state pull --model M.gguf --store ADDR [--config SPEC] [--chunk N]
 //                         (--tokens 1,2,3 | --tokens-file F) OUT_SLOT_FILE
 //
 // ADDR: redis://[[user]:password@]host[:port][/db] or unix:///path/redis.sock[?db=N]; the password
 // can come from E8KV_STORE_PASSWORD (and E8KV_STORE_USER) instead. pull writes OUT only on a hit and prints
 // "restored N tokens"; exit 0 on a hit, 3 on a miss, 1 on an error (store down, bad input).
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "e8kv/error.hpp"
+#include "e8kv/parallel.hpp"
 #include "e8kv/llama/gguf.hpp"
 #include "fleet.hpp"
 #include "model_kv.hpp"
@@ -56,7 +61,8 @@ int usage() {
                "                             (--tokens 1,2,3 | --tokens-file F) OUT_SLOT_FILE\n"
                "ADDR: redis://[[user]:password@]host[:port][/db] or unix:///path/to/redis.sock[?db=N]; a password\n"
                "can come from E8KV_STORE_PASSWORD (and E8KV_STORE_USER) instead. --chunk: tokens per key chunk (default 256;\n"
-               "every server of the fleet must use the same --chunk and --config). pull exits 0 on a hit, 3 on a miss.\n");
+               "every server of the fleet must use the same --chunk and --config). pull exits 0 on a hit, 3 on a miss.\n"
+               "--threads N: compress / restore on N threads (default: every core); --timeout-ms MS (default 2000).\n");
   return 2;
 }
 
@@ -67,6 +73,7 @@ int run_cli(int argc, char** argv) {
   std::string model_path, address, spec = "preset=quant-k3v2", tokens_arg, tokens_file;
   size_t chunk = 256;
   long long ttl_s = 0, timeout_ms = 2000;
+  long long threads = static_cast<long long>(std::max(1u, std::thread::hardware_concurrency()));
   std::vector<std::string> files;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
@@ -77,13 +84,14 @@ int run_cli(int argc, char** argv) {
     else if (a == "--chunk" && has) chunk = std::stoul(argv[++i]);
     else if (a == "--ttl" && has) ttl_s = std::stoll(argv[++i]);
     else if (a == "--timeout-ms" && has) timeout_ms = std::stoll(argv[++i]);
+    else if (a == "--threads" && has) threads = std::stoll(argv[++i]);
     else if (a == "--tokens" && has) tokens_arg = argv[++i];
     else if (a == "--tokens-file" && has) tokens_file = argv[++i];
     else if (!a.empty() && a[0] == '-') return usage();
     else files.push_back(a);
   }
   if (model_path.empty() || address.empty() || files.size() != 1) return usage();
-  if (ttl_s < 0 || timeout_ms <= 0) return usage();
+  if (ttl_s < 0 || timeout_ms <= 0 || threads < 1 || threads > 1024) return usage();
 
   auto t0 = Clock::now();
   const ModelKv m = read_model_kv(model_path);
@@ -91,6 +99,8 @@ int run_cli(int argc, char** argv) {
   FleetModel fm;
   fm.caches = pointers(compressors);
   fm.chunk_tokens = chunk;
+  ThreadPool pool(static_cast<int>(threads));
+  fm.executor = &pool;
   {
     const llama::GgufFile g = llama::GgufFile::open(model_path);
     std::vector<store::TensorRecord> tensors;

@@ -46,6 +46,7 @@
 #include "e8kv/compressor.hpp"
 #include "e8kv/entropy/container.hpp"
 #include "e8kv/llama_cpp/seq_state.hpp"
+#include "e8kv/parallel.hpp"
 
 namespace e8kv::llama_cpp {
 
@@ -85,9 +86,10 @@ std::vector<uint8_t> extend_compressed_state(const uint8_t* packed, size_t packe
                                              const StateCompressOptions& options = {});
 
 /// The decoded state: bytes for llama_state_seq_set_data, preceded by the prefix given at
-/// compress time. Throws e8kv::Error on truncated, corrupt or foreign bytes.
+/// compress time. Throws e8kv::Error on truncated, corrupt or foreign bytes. With an executor the
+/// layers are decoded in parallel (the same bytes as without).
 std::vector<uint8_t> restore_seq_state(const uint8_t* packed, size_t size,
-                                       const entropy::DeserializeOptions& options = {});
+                                       const entropy::DeserializeOptions& options = {}, Executor* executor = nullptr);
 
 /// What a compressed state holds, read from its header and container headers only.
 struct CompressedCacheInfo {
