@@ -94,19 +94,20 @@ int run_cli(int argc, char** argv) {
   if (ttl_s < 0 || timeout_ms <= 0 || threads < 1 || threads > 1024) return usage();
 
   auto t0 = Clock::now();
-  const ModelKv m = read_model_kv(model_path);
+  ModelKv m;
+  std::vector<store::TensorRecord> tensors;
+  {  // the GGUF read once, for the caches' shapes and the fingerprint, and let go before the work
+    const llama::GgufFile g = llama::GgufFile::open(model_path);
+    m = read_model_kv(model_path, g);
+    for (const auto& t : g.tensors()) tensors.push_back({t.name, t.dims, t.type});
+  }
   const std::vector<KVCompressor> compressors = model_compressors(spec, m);
   FleetModel fm;
   fm.caches = pointers(compressors);
   fm.chunk_tokens = chunk;
   ThreadPool pool(static_cast<int>(threads));
   fm.executor = &pool;
-  {
-    const llama::GgufFile g = llama::GgufFile::open(model_path);
-    std::vector<store::TensorRecord> tensors;
-    for (const auto& t : g.tensors()) tensors.push_back({t.name, t.dims, t.type});
-    fm.fingerprint = store::model_fingerprint(tensors, layout_string(fm.caches));
-  }
+  fm.fingerprint = store::model_fingerprint(tensors, layout_string(fm.caches));
   const double model_ms = ms_since(t0);
   store::StoreOptions so;
   so.command_timeout = std::chrono::milliseconds(timeout_ms);

@@ -102,8 +102,9 @@ ModelKv read_gemma3(const std::string& path, const llama::GgufFile& f) {
 
 }  // namespace
 
-ModelKv read_model_kv(const std::string& gguf_path) {
-  const llama::GgufFile f = llama::GgufFile::open(gguf_path);
+ModelKv read_model_kv(const std::string& gguf_path) { return read_model_kv(gguf_path, llama::GgufFile::open(gguf_path)); }
+
+ModelKv read_model_kv(const std::string& gguf_path, const llama::GgufFile& f) {
   const std::string arch = f.get_string("general.architecture");
   if (arch == "llama") return read_llama(gguf_path, f);
   if (arch == "gemma3") return read_gemma3(gguf_path, f);

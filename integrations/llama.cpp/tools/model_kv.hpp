@@ -8,6 +8,7 @@
 
 #include "e8kv/compressor.hpp"
 #include "e8kv/config.hpp"
+#include "e8kv/llama/gguf.hpp"
 
 namespace e8kv::llama_cpp {
 
@@ -34,6 +35,8 @@ struct ModelKv {
 /// the global layers, split-half rotation). Throws e8kv::Error for what the adapter cannot
 /// represent (other architectures, RoPE frequency-factor tensors, other scaling types), naming it.
 ModelKv read_model_kv(const std::string& gguf_path);
+/// The same, from a GGUF already read (its path for messages).
+ModelKv read_model_kv(const std::string& gguf_path, const llama::GgufFile& f);
 
 /// Config::parse_at_rest(spec) (a state at rest: no fp16 window unless the spec sets `residual`)
 /// with the cache's RoPE, validated against its shape.
