@@ -350,6 +350,56 @@ class EngineOf : public ::testing::Test {
     }
   }
 
+  // The fleet loop of scripts/llama-fleet.sh through a real redis-server (run under
+  // tests/store/with_redis.sh): a slot file llama.cpp saved, `e8kv-llama-state push` to Redis,
+  // `pull` for a longer prompt sharing it, the pulled slot loaded into a fresh context, and the
+  // continuation's logits against the uninterrupted context's.
+  static void slot_file_through_the_fleet(double lossless_tol, double k3v2_max_kl) {
+    const char* store_env = std::getenv("E8KV_TEST_REDIS_UNIX");
+    if (store_env == nullptr || *store_env == '\0') GTEST_SKIP() << "no redis-server: run under tests/store/with_redis.sh";
+    const char* tool_env = std::getenv("E8KV_LLAMA_STATE_TOOL");
+    ASSERT_TRUE(tool_env != nullptr && *tool_env) << "E8KV_LLAMA_STATE_TOOL must name the e8kv-llama-state binary";
+    const std::string tool = tool_env, store = store_env;
+    Run r = prefill(true, 128, 8);
+    const std::string dir = ::testing::TempDir();
+    const std::string slot = dir + "/e8kv_fleet_slot.bin", pulled = dir + "/e8kv_fleet_pulled.bin";
+    const std::vector<llama_token> prompt(tokens_.begin(), tokens_.begin() + 128);
+    ASSERT_GT(llama_state_seq_save_file(r.ctx.get(), slot.c_str(), 0, prompt.data(), prompt.size()), 0u);
+    const auto want = decode(r.ctx.get(), r.continuation, r.next);
+    // The later request: the saved prompt and its continuation.
+    std::string request;
+    for (size_t i = 0; i < 128 + r.continuation.size(); ++i) request += (i ? "," : "") + std::to_string(tokens_[i]);
+    for (const std::string spec : {"preset=lossless", "preset=quant-k3v2"}) {
+      SCOPED_TRACE(spec);
+      const std::string common = " --model '" + model_path_ + "' --store '" + store + "' --config " + spec + " --chunk 32 ";
+      ASSERT_EQ(std::system(("'" + tool + "' push" + common + "'" + slot + "'").c_str()), 0);
+      const std::string pull = "'" + tool + "' pull" + common + "--tokens " + request + " '" + pulled + "'";
+      FILE* p = popen(pull.c_str(), "r");
+      ASSERT_NE(p, nullptr);
+      std::string out;
+      char buf[512];
+      while (std::fgets(buf, sizeof buf, p) != nullptr) out += buf;
+      ASSERT_EQ(pclose(p), 0) << out;
+      EXPECT_NE(out.find("restored 128 tokens"), std::string::npos) << out;  // 4 whole chunks of 32
+      if (spec == "preset=lossless") EXPECT_EQ(read_file(pulled), read_file(slot));
+      ContextPtr c = context(true);
+      std::vector<llama_token> toks(1024);
+      size_t n = 0;
+      ASSERT_GT(llama_state_seq_load_file(c.get(), pulled.c_str(), 0, toks.data(), toks.size(), &n), 0u);
+      toks.resize(n);
+      EXPECT_EQ(toks, prompt);
+      const auto got = decode(c.get(), r.continuation, r.next);
+      if (spec == "preset=lossless") {
+        EXPECT_LE(max_abs_diff(want, got), lossless_tol);
+      } else {
+        const double kl = mean_kl(want, got);
+        std::printf("fleet through %s, %s: KL %.4f over %zu tokens\n", store.c_str(), spec.c_str(), kl,
+                    r.continuation.size());
+        EXPECT_LT(kl, k3v2_max_kl);
+      }
+    }
+  }
+
   static inline ModelPtr model_;
   static inline std::string model_path_;
   static inline std::vector<llama_token> tokens_;
@@ -647,6 +697,7 @@ TEST_F(Engine, QuantizedCacheTypesAreRefusedByName) {
 }
 
 TEST_F(Engine, SlotFilesGoThroughTheToolAndLoadBack) { slot_file_through_the_tool(1e-4, 0.08); }
+TEST_F(Engine, SlotFilesGoThroughRedisAndLoadBack) { slot_file_through_the_fleet(1e-4, 0.08); }
 
 // ---- Gemma-3-270M: a model with interleaved sliding-window attention -------------------------
 // llama.cpp keeps two KV caches for it (llama_kv_cache_iswa): the 3 full-attention layers (5, 11,
