@@ -150,8 +150,8 @@ void Memory::attend_layer(int il, const ggml_tensor* q, const ggml_tensor* k, co
         for (size_t i = 0; i < kvrow; ++i) {
           if (!std::isfinite(kr[i]) || !std::isfinite(vr[i]))
             throw e8kv::Error("a key or value of position " + std::to_string(ubatch_->pos[t]) + " is not finite");
-          K.push_back(e8kv::fp16_bits_to_float(e8kv::float_to_fp16_bits(kr[i])));
-          V.push_back(e8kv::fp16_bits_to_float(e8kv::float_to_fp16_bits(vr[i])));
+          K.push_back(e8kv::float_to_fp16_bits(kr[i]));
+          V.push_back(e8kv::float_to_fp16_bits(vr[i]));
         }
         P.push_back(ubatch_->pos[t]);
         const float* qr = row(q, t);
@@ -176,9 +176,13 @@ void Memory::attend_layer(int il, const ggml_tensor* q, const ggml_tensor* k, co
   }
 }
 
-// The prompt's own attention: what a prefill over llama.cpp's f16 cache computes (keys and
-// values rounded to fp16, causal by position), in fp32, heads and tokens over the gang.
+// The prompt's own attention: what a prefill over llama.cpp's f16 cache computes (the staged fp16
+// keys and values, causal by position), in fp32. Work items are (a run of kPromptRun tokens, a kv
+// head): the rows the run's last token sees are widened to fp32 once per item and shared by the
+// run's tokens and the kv head's query heads, so widening costs 1/(kPromptRun·group) of the dot
+// products.
 void Memory::attend_prompt(int il, const TokenGroup& g, const ggml_tensor* q, ggml_tensor* dst) {
+  constexpr size_t kPromptRun = 8;
   const SequenceState& s = seqs_[static_cast<size_t>(g.seq)];
   const int d = shape_.head_dim, n_q = shape_.n_q_heads, n_kv = shape_.n_kv_heads;
   const int group = n_q / n_kv;
@@ -186,38 +190,59 @@ void Memory::attend_prompt(int il, const TokenGroup& g, const ggml_tensor* q, gg
   const auto& V = s.prompt_v[static_cast<size_t>(il)];
   const auto& P = s.prompt_pos[static_cast<size_t>(il)];
   const float scale = config_.softmax_scale;
-  const int64_t n_work = static_cast<int64_t>(g.tokens.size()) * n_q;
-  gang_.run(n_work, [&](int64_t w) {
-    const int32_t t = g.tokens[static_cast<size_t>(w / n_q)];
-    const int h = static_cast<int>(w % n_q), kvh = h / group;
-    const int32_t pos = ubatch_->pos[t];
-    const float* qh = row(q, t) + static_cast<size_t>(h) * static_cast<size_t>(d);
-    float* out = reinterpret_cast<float*>(static_cast<char*>(dst->data) + t * dst->nb[1]) +
-                 static_cast<size_t>(h) * static_cast<size_t>(d);
-    const size_t stride = static_cast<size_t>(n_kv) * static_cast<size_t>(d);
+  const size_t n_runs = (g.tokens.size() + kPromptRun - 1) / kPromptRun;
+  const size_t stride = static_cast<size_t>(n_kv) * static_cast<size_t>(d);
+  const auto seen = [&](int32_t pos) {  // causal: the staged rows up to this position
     size_t n = 0;
-    while (n < P.size() && P[n] <= pos) ++n;  // causal: the rows up to this token's own
-    thread_local std::vector<float> scores;
-    scores.resize(n);
-    float m = -std::numeric_limits<float>::infinity();
-    for (size_t j = 0; j < n; ++j) {
-      const float* kr = K.data() + j * stride + static_cast<size_t>(kvh) * static_cast<size_t>(d);
-      scores[j] = dot8(qh, kr, d) * scale;
-      if (!std::isfinite(scores[j]))
-        throw e8kv::Error("prompt attention: the scores of position " + std::to_string(pos) +
-                          " overflow the float range");
-      m = std::max(m, scores[j]);
+    while (n < P.size() && P[n] <= pos) ++n;
+    return n;
+  };
+  gang_.run(static_cast<int64_t>(n_runs) * n_kv, [&](int64_t w) {
+    const size_t first = static_cast<size_t>(w / n_kv) * kPromptRun;
+    const size_t last = std::min(first + kPromptRun, g.tokens.size());
+    const int kvh = static_cast<int>(w % n_kv);
+    int32_t run_max = std::numeric_limits<int32_t>::min();
+    for (size_t i = first; i < last; ++i) run_max = std::max(run_max, ubatch_->pos[g.tokens[i]]);
+    const size_t n_run = seen(run_max);
+    thread_local std::vector<float> kf, vf, scores;
+    kf.resize(n_run * static_cast<size_t>(d));
+    vf.resize(n_run * static_cast<size_t>(d));
+    scores.resize(n_run);
+    const size_t head_off = static_cast<size_t>(kvh) * static_cast<size_t>(d);
+    for (size_t j = 0; j < n_run; ++j) {
+      e8kv::fp16_bits_to_floats(K.data() + j * stride + head_off, kf.data() + j * static_cast<size_t>(d),
+                                static_cast<size_t>(d));
+      e8kv::fp16_bits_to_floats(V.data() + j * stride + head_off, vf.data() + j * static_cast<size_t>(d),
+                                static_cast<size_t>(d));
     }
-    for (int i = 0; i < d; ++i) out[i] = 0.f;
-    float sum = 0.f;
-    for (size_t j = 0; j < n; ++j) {
-      const float w = std::exp(scores[j] - m);
-      sum += w;
-      const float* vr = V.data() + j * stride + static_cast<size_t>(kvh) * static_cast<size_t>(d);
-      for (int i = 0; i < d; ++i) out[i] += w * vr[i];
+    for (size_t i = first; i < last; ++i) {
+      const int32_t t = g.tokens[i];
+      const int32_t pos = ubatch_->pos[t];
+      const size_t n = seen(pos);
+      for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
+        const float* qh = row(q, t) + static_cast<size_t>(h) * static_cast<size_t>(d);
+        float* out = reinterpret_cast<float*>(static_cast<char*>(dst->data) + t * dst->nb[1]) +
+                     static_cast<size_t>(h) * static_cast<size_t>(d);
+        float m = -std::numeric_limits<float>::infinity();
+        for (size_t j = 0; j < n; ++j) {
+          scores[j] = dot8(qh, kf.data() + j * static_cast<size_t>(d), d) * scale;
+          if (!std::isfinite(scores[j]))
+            throw e8kv::Error("prompt attention: the scores of position " + std::to_string(pos) +
+                              " overflow the float range");
+          m = std::max(m, scores[j]);
+        }
+        for (int c = 0; c < d; ++c) out[c] = 0.f;
+        float sum = 0.f;
+        for (size_t j = 0; j < n; ++j) {
+          const float e = std::exp(scores[j] - m);
+          sum += e;
+          const float* vr = vf.data() + j * static_cast<size_t>(d);
+          for (int c = 0; c < d; ++c) out[c] += e * vr[c];
+        }
+        const float inv = n > 0 ? 1.f / sum : 0.f;
+        for (int c = 0; c < d; ++c) out[c] *= inv;
+      }
     }
-    const float inv = n > 0 ? 1.f / sum : 0.f;
-    for (int i = 0; i < d; ++i) out[i] *= inv;
   });
 }
 

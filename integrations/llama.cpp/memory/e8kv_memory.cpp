@@ -29,8 +29,8 @@ void SequenceState::reset() { *this = SequenceState(); }
 
 size_t SequenceState::staged_bytes() const {
   size_t n = 0;
-  for (const auto& v : prompt_k) n += v.size() * sizeof(float);
-  for (const auto& v : prompt_v) n += v.size() * sizeof(float);
+  for (const auto& v : prompt_k) n += v.size() * sizeof(uint16_t);
+  for (const auto& v : prompt_v) n += v.size() * sizeof(uint16_t);
   for (const auto& v : obs_q) n += v.size() * sizeof(float);
   return n;
 }
@@ -194,9 +194,9 @@ bool Memory::decode_finished() {
         if (static_cast<int64_t>(s.prompt_pos[l].size()) != n)
           throw e8kv::Error("layer " + std::to_string(il) + " staged " + std::to_string(s.prompt_pos[l].size()) +
                             " tokens, layer 0 " + std::to_string(n));
-        kv.layers.push_back({e8kv::TensorView::nhd(s.prompt_k[l].data(), e8kv::DType::kF32, n, shape_.n_kv_heads,
+        kv.layers.push_back({e8kv::TensorView::nhd(s.prompt_k[l].data(), e8kv::DType::kF16, n, shape_.n_kv_heads,
                                                    shape_.head_dim),
-                             e8kv::TensorView::nhd(s.prompt_v[l].data(), e8kv::DType::kF32, n, shape_.n_kv_heads,
+                             e8kv::TensorView::nhd(s.prompt_v[l].data(), e8kv::DType::kF16, n, shape_.n_kv_heads,
                                                    shape_.head_dim)});
         queries[l].queries = e8kv::TensorView::nhd(s.obs_q[l].data(), e8kv::DType::kF32,
                                                    static_cast<int64_t>(s.obs_pos[l].size()), shape_.n_q_heads,

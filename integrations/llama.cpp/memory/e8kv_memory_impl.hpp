@@ -62,9 +62,10 @@ struct SequenceState {
   enum class Mode { kEmpty, kPrompt, kCoded, kFailed };
   Mode mode = Mode::kEmpty;
   // Mode::kPrompt: the prompt staged by the current llama_decode call, per layer: keys and values
-  // rounded to fp16 (what llama.cpp's f16 cache holds), [tokens][n_kv_heads·head_dim], positions,
-  // and the last kObservationRows query rows (the observation queries of scoring presets).
-  std::vector<std::vector<float>> prompt_k, prompt_v;
+  // as fp16 bits (what llama.cpp's f16 cache holds, in its bytes: staging costs no more than
+  // the f16 cache would), [tokens][n_kv_heads·head_dim], positions, and the last
+  // kObservationRows query rows (the observation queries of scoring presets).
+  std::vector<std::vector<uint16_t>> prompt_k, prompt_v;
   std::vector<std::vector<int32_t>> prompt_pos;
   std::vector<std::vector<float>> obs_q;
   std::vector<std::vector<int32_t>> obs_pos;
