@@ -165,8 +165,6 @@ StoreAddress parse_address(const std::string& address) {
     }
     a.path = rest;
     if (a.path.empty()) throw Error("store address '" + shown + "': no socket path; " + kAccepted);
-    if (a.path[0] != '/' && !a.password.empty())
-      throw Error("store address '" + shown + "': with a user and password the socket path must be absolute");
     return a;
   }
   if (starts("redis://")) {
