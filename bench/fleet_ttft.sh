@@ -10,16 +10,8 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/env.sh"
 BIN_DIR="${1:?usage: bench/fleet_ttft.sh LLAMA_BIN_DIR [PREFIX_TOKENS] [REPS]}"
-FLEET_SERVER="$BIN_DIR/llama-server"
-[ -x "$FLEET_SERVER" ] || { echo "[ttft] error: no llama-server in $BIN_DIR" >&2; exit 2; }
-FLEET_MODEL="$(bash "$E8KV_ROOT/scripts/fetch-model.sh" smollm2)"
-TOOL="${E8KV_LLAMA_STATE_TOOL:-$E8KV_BUILD/integrations/llama.cpp/e8kv-llama-state}"
-if [ ! -x "$TOOL" ]; then
-  E8KV_TARGETS=(e8kv-llama-state)
-  configure_and_build >/dev/null
-fi
 source "$E8KV_ROOT/scripts/fleet-common.sh"
-fleet_init
+fleet_init "$BIN_DIR"
 fleet_start_redis
 PA="${E8KV_FLEET_PORT:-18121}"; PB=$((PA + 1))
 fleet_start_server a $PA
@@ -27,6 +19,6 @@ fleet_start_server b $PB
 fleet_wait $PA $PB
 TEXT="$(bash "$E8KV_ROOT/scripts/fetch-text.sh" | grep fiction)"
 python3 "$E8KV_ROOT/bench/fleet_ttft.py" --a $PA --b $PB --a-slots "$FLEET_DIR/a" --b-slots "$FLEET_DIR/b" \
-  --unix "$FLEET_REDIS_UNIX" --tcp "$FLEET_REDIS_TCP" --tool "$TOOL" --model "$FLEET_MODEL" --text "$TEXT" \
+  --unix "$FLEET_REDIS_UNIX" --tcp "$FLEET_REDIS_TCP" --tool "$FLEET_TOOL" --model "$FLEET_MODEL" --text "$TEXT" \
   --prefix "${2:-4096}" --reps "${3:-3}" --chunk "${E8KV_FLEET_CHUNK:-256}" \
   ${E8KV_FLEET_SPECS:+--specs "$E8KV_FLEET_SPECS"}

@@ -1,14 +1,25 @@
-# Sourced by scripts/llama-fleet.sh and bench/fleet_ttft.sh: a throwaway fleet on this machine.
-#   fleet_init                       a work dir $FLEET_DIR, everything started below stopped on exit
+# Sourced by scripts/llama-fleet.sh and bench/fleet_ttft.sh (after env.sh): a throwaway fleet on
+# this machine.
+#   fleet_init LLAMA_BIN_DIR [MODEL]  FLEET_SERVER (its llama-server), FLEET_MODEL (scripts/fetch-model.sh
+#                                    MODEL, default smollm2), FLEET_TOOL (e8kv-llama-state, built when
+#                                    absent; E8KV_LLAMA_STATE_TOOL overrides), and a work dir
+#                                    $FLEET_DIR: everything started below is stopped on exit
 #   fleet_start_redis                redis-server on $FLEET_DIR/redis.sock and a free loopback port,
 #                                    no persistence; sets FLEET_REDIS_UNIX and FLEET_REDIS_TCP
 #   fleet_start_server NAME PORT     llama-server ($FLEET_SERVER) on $FLEET_MODEL, one slot, flash
 #                                    attention, --slot-save-path $FLEET_DIR/NAME/
 #   fleet_wait PORT...               until each server answers /health (exits 1 with the logs if not)
 #   fleet_api PORT PATH JSON         POST JSON (or @file) to a server, prints the answer
-# Needs FLEET_SERVER, FLEET_MODEL (and E8KV_JOBS from env.sh) set by the caller.
 
 fleet_init() {
+  FLEET_SERVER="$1/llama-server"
+  [ -x "$FLEET_SERVER" ] || { echo "[fleet] error: no llama-server in $1" >&2; exit 2; }
+  FLEET_MODEL="$(bash "$E8KV_ROOT/scripts/fetch-model.sh" "${2:-smollm2}")"
+  FLEET_TOOL="${E8KV_LLAMA_STATE_TOOL:-$E8KV_BUILD/integrations/llama.cpp/e8kv-llama-state}"
+  if [ ! -x "$FLEET_TOOL" ]; then
+    E8KV_TARGETS=(e8kv-llama-state)
+    configure_and_build >/dev/null
+  fi
   FLEET_DIR="$(mktemp -d)"
   FLEET_PIDS=()
   trap fleet_cleanup EXIT

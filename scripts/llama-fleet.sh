@@ -22,18 +22,8 @@ BIN_DIR="${1:?usage: scripts/llama-fleet.sh LLAMA_BIN_DIR [SPEC] [PROMPT_CHARS]}
 SPEC="${2:-preset=quant-k3v2}"
 PROMPT_CHARS="${3:-6000}"
 CHUNK="${E8KV_FLEET_CHUNK:-256}"
-FLEET_SERVER="$BIN_DIR/llama-server"
-[ -x "$FLEET_SERVER" ] || { echo "[fleet] error: no llama-server in $BIN_DIR" >&2; exit 2; }
-FLEET_MODEL="$(bash "$E8KV_ROOT/scripts/fetch-model.sh" "${E8KV_LLAMA_MODEL:-smollm2}")"
-MODEL="$FLEET_MODEL"
-TOOL="${E8KV_LLAMA_STATE_TOOL:-$E8KV_BUILD/integrations/llama.cpp/e8kv-llama-state}"
-if [ ! -x "$TOOL" ]; then
-  E8KV_TARGETS=(e8kv-llama-state)
-  configure_and_build >/dev/null
-fi
 source "$E8KV_ROOT/scripts/fleet-common.sh"
-fleet_init
-W="$FLEET_DIR"
+fleet_init "$BIN_DIR" "${E8KV_LLAMA_MODEL:-smollm2}"
 fleet_start_redis
 STORE="$FLEET_REDIS_UNIX"
 [ "${E8KV_FLEET_STORE:-unix}" = tcp ] && STORE="$FLEET_REDIS_TCP"
@@ -41,10 +31,10 @@ PA="${E8KV_FLEET_PORT:-18101}"; PB=$((PA + 1))
 fleet_start_server a $PA
 fleet_start_server b $PB
 fleet_wait $PA $PB
-api() { fleet_api "$@"; }
+
 
 TEXT="$(bash "$E8KV_ROOT/scripts/fetch-text.sh" | grep fiction)"
-python3 - "$TEXT" "$PROMPT_CHARS" > "$W/body.json" <<'EOF'
+python3 - "$TEXT" "$PROMPT_CHARS" > "$FLEET_DIR/body.json" <<'EOF'
 import json, sys
 text = open(sys.argv[1], encoding="utf-8").read()[: int(sys.argv[2])]
 print(json.dumps({"prompt": text, "n_predict": 16, "temperature": 0, "cache_prompt": True, "id_slot": 0,
@@ -52,40 +42,39 @@ print(json.dumps({"prompt": text, "n_predict": 16, "temperature": 0, "cache_prom
 EOF
 
 t0=$(date +%s.%N)
-api $PA /completion "@$W/body.json" > "$W/answer-a.json"
+fleet_api $PA /completion "@$FLEET_DIR/body.json" > "$FLEET_DIR/answer-a.json"
 t1=$(date +%s.%N)
-api $PA "/slots/0?action=save" '{"filename": "slot.bin"}' > "$W/save.json"
-"$TOOL" push --model "$MODEL" --store "$STORE" --config "$SPEC" --chunk "$CHUNK" --ttl 3600 "$W/a/slot.bin" | tee "$W/push.txt"
+fleet_api $PA "/slots/0?action=save" '{"filename": "slot.bin"}' > "$FLEET_DIR/save.json"
+"$FLEET_TOOL" push --model "$FLEET_MODEL" --store "$STORE" --config "$SPEC" --chunk "$CHUNK" --ttl 3600 "$FLEET_DIR/a/slot.bin" | tee "$FLEET_DIR/push.txt"
 
-python3 -c 'import json,sys; print(json.dumps({"content": json.load(open(sys.argv[1]))["prompt"], "add_special": True}))' "$W/body.json" > "$W/tok-req.json"
-api $PB /tokenize "@$W/tok-req.json" > "$W/tokens.json"
+python3 -c 'import json,sys; print(json.dumps({"content": json.load(open(sys.argv[1]))["prompt"], "add_special": True}))' "$FLEET_DIR/body.json" > "$FLEET_DIR/tok-req.json"
+fleet_api $PB /tokenize "@$FLEET_DIR/tok-req.json" > "$FLEET_DIR/tokens.json"
 t2=$(date +%s.%N)
 set +e
-"$TOOL" pull --model "$MODEL" --store "$STORE" --config "$SPEC" --chunk "$CHUNK" --tokens-file "$W/tokens.json" \
-  "$W/b/pulled.bin" | tee "$W/pull.txt"
+"$FLEET_TOOL" pull --model "$FLEET_MODEL" --store "$STORE" --config "$SPEC" --chunk "$CHUNK" --tokens-file "$FLEET_DIR/tokens.json" \
+  "$FLEET_DIR/b/pulled.bin" | tee "$FLEET_DIR/pull.txt"
 rc=${PIPESTATUS[0]}
 set -e
 [ "$rc" = 0 ] || { echo "[fleet] FAIL: pull missed (exit $rc)" >&2; exit 1; }
-pulled=$(sed -n 's/^pull: restored \([0-9]*\) tokens.*/\1/p' "$W/pull.txt")
-api $PB "/slots/0?action=restore" '{"filename": "pulled.bin"}' > "$W/restore.json"
+pulled=$(sed -n 's/^pull: restored \([0-9]*\) tokens.*/\1/p' "$FLEET_DIR/pull.txt")
+fleet_api $PB "/slots/0?action=restore" '{"filename": "pulled.bin"}' > "$FLEET_DIR/restore.json"
 t3=$(date +%s.%N)
-n_restored=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["n_restored"])' "$W/restore.json")
-echo "[fleet] B restore: $(cat "$W/restore.json")"
+n_restored=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["n_restored"])' "$FLEET_DIR/restore.json")
+echo "[fleet] B restore: $(cat "$FLEET_DIR/restore.json")"
 if [ "$n_restored" != "$pulled" ]; then
   echo "[fleet] FAIL: server B restored $n_restored tokens, pull wrote $pulled" >&2; exit 1
 fi
-api $PB /completion "@$W/body.json" > "$W/answer-b.json"
+fleet_api $PB /completion "@$FLEET_DIR/body.json" > "$FLEET_DIR/answer-b.json"
 t4=$(date +%s.%N)
-python3 - "$W/answer-a.json" "$W/answer-b.json" "$pulled" "$t0" "$t1" "$t2" "$t3" "$t4" "$SPEC" <<'EOF'
+python3 - "$FLEET_DIR/answer-a.json" "$FLEET_DIR/answer-b.json" "$pulled" "$t0" "$t1" "$t2" "$t3" "$t4" "$SPEC" \
+  "$E8KV_ROOT/bench" <<'EOF'
 import json, sys
+sys.path.insert(0, sys.argv[10])
+from fleet_ttft import top5  # llama-server's first-token alternatives, in whichever form it lists them
 a, b = (json.load(open(p)) for p in sys.argv[1:3])
 pulled = int(sys.argv[3]); t0, t1, t2, t3, t4 = map(float, sys.argv[4:9]); spec = sys.argv[9]
 def top(d):
-    p = d.get("completion_probabilities") or []
-    if not p: return []
-    first = p[0]
-    lst = first.get("top_probs") or first.get("probs") or []
-    return [(x.get("token", x.get("tok_str")), round(x.get("prob", 0.0), 4)) for x in lst]
+    return [(tok, round(p, 4)) for tok, p in top5(d)]
 ca = a.get("tokens_cached", a.get("timings", {}).get("cache_n")); cb = b.get("tokens_cached", b.get("timings", {}).get("cache_n"))
 print(f"[fleet] A (prefill):  {a['content']!r}  prompt {a['timings']['prompt_n']} tokens evaluated, {(t1 - t0) * 1000:.0f} ms")
 print(f"[fleet] B (restored): {b['content']!r}  prompt {b['timings']['prompt_n']} tokens evaluated, reused {cb}; "
@@ -96,7 +85,9 @@ ok = True
 if b["timings"]["prompt_n"] > a["timings"]["prompt_n"] - pulled + 1:
     print(f"[fleet] FAIL: B evaluated {b['timings']['prompt_n']} prompt tokens; the restored {pulled} were not reused"); ok = False
 ta, tb = top(a), top(b)
-if ta and tb and ta[0][0] != tb[0][0]:
+if not ta or not tb:
+    print("[fleet] FAIL: the server listed no first-token probabilities (n_probs)"); ok = False
+elif ta[0][0] != tb[0][0]:
     print("[fleet] FAIL: the first token differs"); ok = False
 if spec == "preset=lossless" and ta != tb:
     print("[fleet] FAIL: lossless restore but the probabilities differ"); ok = False

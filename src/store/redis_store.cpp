@@ -169,27 +169,31 @@ class RedisStore final : public Store {
     ctx_ = std::move(ctx);
     // On every (re)connect: a connection starts unauthenticated and in database 0.
     if (!where_.password.empty()) {
-      const bool named = !where_.user.empty();
-      const char* argv[3] = {"AUTH", named ? where_.user.c_str() : where_.password.c_str(), where_.password.c_str()};
-      size_t lens[3] = {4, named ? where_.user.size() : where_.password.size(), where_.password.size()};
-      ReplyPtr r = command(named ? 3 : 2, argv, lens, "AUTH");
-      if (r->type != REDIS_REPLY_STATUS) {
-        Error e = unexpected("AUTH", r.get());
-        drop();
-        throw e;
+      if (where_.user.empty()) {
+        const char* argv[2] = {"AUTH", where_.password.c_str()};
+        size_t lens[2] = {4, where_.password.size()};
+        handshake(2, argv, lens, "AUTH");
+      } else {
+        const char* argv[3] = {"AUTH", where_.user.c_str(), where_.password.c_str()};
+        size_t lens[3] = {4, where_.user.size(), where_.password.size()};
+        handshake(3, argv, lens, "AUTH");
       }
     }
     if (where_.db != 0) {
       const std::string db = std::to_string(where_.db);
       const char* argv[2] = {"SELECT", db.c_str()};
       size_t lens[2] = {6, db.size()};
-      ReplyPtr r = command(2, argv, lens, "SELECT");
-      if (r->type != REDIS_REPLY_STATUS) {
-        Error e = unexpected(("SELECT " + db).c_str(), r.get());
-        drop();
-        throw e;
-      }
+      handshake(2, argv, lens, ("SELECT " + db).c_str());
     }
+  }
+  // A connection-setup command whose answer must be a status (+OK): anything else drops the
+  // connection and throws with the server's reason.
+  void handshake(int argc, const char** argv, const size_t* lens, const char* what) {
+    ReplyPtr r = command(argc, argv, lens, what);
+    if (r->type == REDIS_REPLY_STATUS) return;
+    Error e = unexpected(what, r.get());
+    drop();
+    throw e;
   }
   void ensure_connected() {
     if (!ctx_) connect();

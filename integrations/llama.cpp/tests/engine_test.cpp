@@ -316,64 +316,84 @@ class EngineOf : public ::testing::Test {
   // --slot-save-path) through the e8kv-llama-state tool and loaded back by llama.cpp: lossless
   // gives the file back byte for byte and the same logits (within `lossless_tol`), K3V2 a file
   // over 3x smaller that decodes within `k3v2_max_kl`.
-  static void slot_file_through_the_tool(double lossless_tol, double k3v2_max_kl) {
-    const char* tool_env = std::getenv("E8KV_LLAMA_STATE_TOOL");  // set by ctest (CMakeLists.txt)
+  // A 128-token prefill saved as a slot file (llama_state_seq_save_file), with the uninterrupted
+  // context's logits on its continuation: what the slot must decode to once it has gone through
+  // the tools and been loaded back.
+  struct SavedSlot {
+    std::string tool;  ///< the e8kv-llama-state binary (E8KV_LLAMA_STATE_TOOL, set by ctest)
+    Run run;
+    std::vector<llama_token> prompt;
+    std::string path;
+    std::vector<float> want;
+  };
+  static void save_slot(const std::string& name, SavedSlot* s) {
+    const char* tool_env = std::getenv("E8KV_LLAMA_STATE_TOOL");
     ASSERT_TRUE(tool_env != nullptr && *tool_env) << "E8KV_LLAMA_STATE_TOOL must name the e8kv-llama-state binary";
-    const std::string tool = tool_env;
-    Run r = prefill(true, 128, 8);
+    s->tool = tool_env;
+    s->run = prefill(true, 128, 8);
+    s->prompt.assign(tokens_.begin(), tokens_.begin() + 128);
+    s->path = ::testing::TempDir() + "/" + name;
+    ASSERT_GT(llama_state_seq_save_file(s->run.ctx.get(), s->path.c_str(), 0, s->prompt.data(), s->prompt.size()), 0u);
+    s->want = decode(s->run.ctx.get(), s->run.continuation, s->run.next);
+  }
+  // Loads `path` into a fresh context: the saved prompt's tokens, then the continuation's logits
+  // within `lossless_tol` of the saved context's (lossless) or with a mean KL below `max_kl`.
+  static void expect_loads_back(const SavedSlot& s, const std::string& path, bool lossless, double lossless_tol,
+                                double max_kl, double* kl = nullptr) {
+    ContextPtr c = context(true);
+    std::vector<llama_token> toks(1024);
+    size_t n = 0;
+    ASSERT_GT(llama_state_seq_load_file(c.get(), path.c_str(), 0, toks.data(), toks.size(), &n), 0u);
+    toks.resize(n);
+    EXPECT_EQ(toks, s.prompt);
+    const auto got = decode(c.get(), s.run.continuation, s.run.next);
+    if (lossless) {
+      EXPECT_LE(max_abs_diff(s.want, got), lossless_tol);
+    } else {
+      const double k = mean_kl(s.want, got);
+      EXPECT_LT(k, max_kl);
+      if (kl != nullptr) *kl = k;
+    }
+  }
+
+  static void slot_file_through_the_tool(double lossless_tol, double k3v2_max_kl) {
+    SavedSlot s;
+    ASSERT_NO_FATAL_FAILURE(save_slot("e8kv_slot.bin", &s));
     const std::string dir = ::testing::TempDir();
-    const std::string slot = dir + "/e8kv_slot.bin", packed = dir + "/e8kv_slot.e8kv", back = dir + "/e8kv_slot.back";
-    const std::vector<llama_token> prompt(tokens_.begin(), tokens_.begin() + 128);
-    ASSERT_GT(llama_state_seq_save_file(r.ctx.get(), slot.c_str(), 0, prompt.data(), prompt.size()), 0u);
-    const auto want = decode(r.ctx.get(), r.continuation, r.next);
+    const std::string packed = dir + "/e8kv_slot.e8kv", back = dir + "/e8kv_slot.back";
     for (const std::string spec : {"preset=lossless", "preset=quant-k3v2"}) {
       SCOPED_TRACE(spec);
-      const std::string cmd = "'" + tool + "' compress --model '" + model_path_ + "' --config " + spec + " '" + slot +
-                              "' '" + packed + "' && '" + tool + "' restore '" + packed + "' '" + back + "'";
+      const bool lossless = spec == "preset=lossless";
+      const std::string cmd = "'" + s.tool + "' compress --model '" + model_path_ + "' --config " + spec + " '" +
+                              s.path + "' '" + packed + "' && '" + s.tool + "' restore '" + packed + "' '" + back + "'";
       ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
-      if (spec == "preset=lossless") {
-        EXPECT_EQ(read_file(back), read_file(slot));
+      if (lossless) {
+        EXPECT_EQ(read_file(back), read_file(s.path));
       }
-      EXPECT_LT(read_file(packed).size() * (spec == "preset=lossless" ? 1 : 3), read_file(slot).size());
-      ContextPtr c = context(true);
-      std::vector<llama_token> toks(1024);
-      size_t n = 0;
-      ASSERT_GT(llama_state_seq_load_file(c.get(), back.c_str(), 0, toks.data(), toks.size(), &n), 0u);
-      toks.resize(n);
-      EXPECT_EQ(toks, prompt);
-      const auto got = decode(c.get(), r.continuation, r.next);
-      if (spec == "preset=lossless") {
-        EXPECT_LE(max_abs_diff(want, got), lossless_tol);
-      } else {
-        EXPECT_LT(mean_kl(want, got), k3v2_max_kl);
-      }
+      EXPECT_LT(read_file(packed).size() * (lossless ? 1 : 3), read_file(s.path).size());
+      expect_loads_back(s, back, lossless, lossless_tol, k3v2_max_kl);
     }
   }
 
   // The fleet loop of scripts/llama-fleet.sh through a real redis-server (run under
-  // tests/store/with_redis.sh): a slot file llama.cpp saved, `e8kv-llama-state push` to Redis,
-  // `pull` for a longer prompt sharing it, the pulled slot loaded into a fresh context, and the
-  // continuation's logits against the uninterrupted context's.
+  // tests/store/with_redis.sh): the saved slot pushed by `e8kv-llama-state push`, pulled for a
+  // longer prompt sharing it, and loaded back.
   static void slot_file_through_the_fleet(double lossless_tol, double k3v2_max_kl) {
     const char* store_env = std::getenv("E8KV_TEST_REDIS_UNIX");
     if (store_env == nullptr || *store_env == '\0') GTEST_SKIP() << "no redis-server: run under tests/store/with_redis.sh";
-    const char* tool_env = std::getenv("E8KV_LLAMA_STATE_TOOL");
-    ASSERT_TRUE(tool_env != nullptr && *tool_env) << "E8KV_LLAMA_STATE_TOOL must name the e8kv-llama-state binary";
-    const std::string tool = tool_env, store = store_env;
-    Run r = prefill(true, 128, 8);
-    const std::string dir = ::testing::TempDir();
-    const std::string slot = dir + "/e8kv_fleet_slot.bin", pulled = dir + "/e8kv_fleet_pulled.bin";
-    const std::vector<llama_token> prompt(tokens_.begin(), tokens_.begin() + 128);
-    ASSERT_GT(llama_state_seq_save_file(r.ctx.get(), slot.c_str(), 0, prompt.data(), prompt.size()), 0u);
-    const auto want = decode(r.ctx.get(), r.continuation, r.next);
+    const std::string store = store_env;
+    SavedSlot s;
+    ASSERT_NO_FATAL_FAILURE(save_slot("e8kv_fleet_slot.bin", &s));
+    const std::string pulled = ::testing::TempDir() + "/e8kv_fleet_pulled.bin";
     // The later request: the saved prompt and its continuation.
     std::string request;
-    for (size_t i = 0; i < 128 + r.continuation.size(); ++i) request += (i ? "," : "") + std::to_string(tokens_[i]);
+    for (size_t i = 0; i < 128 + s.run.continuation.size(); ++i) request += (i ? "," : "") + std::to_string(tokens_[i]);
     for (const std::string spec : {"preset=lossless", "preset=quant-k3v2"}) {
       SCOPED_TRACE(spec);
+      const bool lossless = spec == "preset=lossless";
       const std::string common = " --model '" + model_path_ + "' --store '" + store + "' --config " + spec + " --chunk 32 ";
-      ASSERT_EQ(std::system(("'" + tool + "' push" + common + "'" + slot + "'").c_str()), 0);
-      const std::string pull = "'" + tool + "' pull" + common + "--tokens " + request + " '" + pulled + "'";
+      ASSERT_EQ(std::system(("'" + s.tool + "' push" + common + "'" + s.path + "'").c_str()), 0);
+      const std::string pull = "'" + s.tool + "' pull" + common + "--tokens " + request + " '" + pulled + "'";
       FILE* p = popen(pull.c_str(), "r");
       ASSERT_NE(p, nullptr);
       std::string out;
@@ -381,22 +401,12 @@ class EngineOf : public ::testing::Test {
       while (std::fgets(buf, sizeof buf, p) != nullptr) out += buf;
       ASSERT_EQ(pclose(p), 0) << out;
       EXPECT_NE(out.find("restored 128 tokens"), std::string::npos) << out;  // 4 whole chunks of 32
-      if (spec == "preset=lossless") EXPECT_EQ(read_file(pulled), read_file(slot));
-      ContextPtr c = context(true);
-      std::vector<llama_token> toks(1024);
-      size_t n = 0;
-      ASSERT_GT(llama_state_seq_load_file(c.get(), pulled.c_str(), 0, toks.data(), toks.size(), &n), 0u);
-      toks.resize(n);
-      EXPECT_EQ(toks, prompt);
-      const auto got = decode(c.get(), r.continuation, r.next);
-      if (spec == "preset=lossless") {
-        EXPECT_LE(max_abs_diff(want, got), lossless_tol);
-      } else {
-        const double kl = mean_kl(want, got);
-        std::printf("fleet through %s, %s: KL %.4f over %zu tokens\n", store.c_str(), spec.c_str(), kl,
-                    r.continuation.size());
-        EXPECT_LT(kl, k3v2_max_kl);
+      if (lossless) {
+        EXPECT_EQ(read_file(pulled), read_file(s.path));
       }
+      double kl = 0;
+      expect_loads_back(s, pulled, lossless, lossless_tol, k3v2_max_kl, &kl);
+      if (!lossless) std::printf("fleet through %s, %s: KL %.4f\n", store.c_str(), spec.c_str(), kl);
     }
   }
 
