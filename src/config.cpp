@@ -206,6 +206,10 @@ CacheLayout make_layout(const Config& config, const ModelShape& shape) {
   // RoPE runs at the model's head_dim, whatever the config's default (128) says.
   L.rope.head_dim = shape.head_dim;
   if (config.code_tier == 0.0) L.tier_key_codec = L.tier_value_codec = quant::Codec::kFp16;  // no tier
+  L.rope.freq_factors = config.rope.freq_factors;
+  // The tier is centred on the head's means: there must be a tier, means, and keys coded in a
+  // frame whose mean term attention adds per token (pre-RoPE codes have none for post-RoPE tier keys).
+  L.tier_centered = L.tier_centered && L.has_code_tier() && L.center && L.key_frame != transform::KeyFrame::kPreRope;
   for (int l = 0; l < shape.n_layers; ++l) {
     const LayerRate r = config.layer_rate(l, shape.n_layers);
     L.key_codec.push_back(r.key);

@@ -11,7 +11,10 @@
 //  - Pinned: the sequence's first `sinks` tokens, whichever call brought them, and the fp16 tier
 //    a compress / extend chunk chose stay fp16 in the window for good.
 //  - Means: from the first mean_tokens unpinned tokens, keys in the frame they are subtracted in
-//    (RoPE removed by the same table that turns the mean back for each key).
+//    (RoPE removed by the same table that turns the mean back for each key). A centred code tier
+//    needs them when its tokens arrive: a write that promotes tokens to the tier before the set's
+//    first flush fixes the means from the unpinned tokens it leaves in the window (up to
+//    mean_tokens of them), or from the promoted tokens when it leaves none. They never change after.
 //  - Channel scales: from the same tokens and the first chunk's observation queries.
 //  - 8-bit gain reference: the geometric mean of the float gains of the first flush_block coded
 //    tokens; gains are coded once, from float.
@@ -144,7 +147,6 @@ LayerWrite::LayerWrite(const CompressedKV& cache, int layer, LayerInput input) :
   const std::vector<std::vector<float>>& energy = ld.query_energy.empty() ? input_.query_energy : ld.query_energy;
   sets_.resize(n_sets);
   heads_.resize(static_cast<size_t>(L.n_kv_heads));
-  plan_code_tier(cache);
   size_t staged_total = 0;
   for (const auto& s : input_.positions) staged_total += s.size();
 
@@ -163,9 +165,11 @@ LayerWrite::LayerWrite(const CompressedKV& cache, int layer, LayerInput input) :
     };
     const int64_t flushable = w_after - p;
     const bool first_flush = ld.positions[s].empty();
-    const bool need_mean = L.center && (k_coded || v_coded) && first_flush;
+    // Before a set's first flush with centring, the window waits for the mean tokens (even when
+    // a tier write fixed the means already: the flush count stays a function of the kept count).
+    const bool centring = L.center && (k_coded || v_coded);
     int64_t threshold = static_cast<int64_t>(L.residual_length) + L.flush_block;
-    if (need_mean) threshold = std::max<int64_t>(threshold, L.mean_tokens);
+    if (centring && first_flush) threshold = std::max<int64_t>(threshold, L.mean_tokens);
     const int64_t move = flushable < threshold ? 0 : (flushable - L.residual_length) / L.flush_block * L.flush_block;
     SetPlan& sp = sets_[s];
     std::vector<int32_t> moved_positions(static_cast<size_t>(move));
@@ -194,33 +198,27 @@ LayerWrite::LayerWrite(const CompressedKV& cache, int layer, LayerInput input) :
         std::memcpy(&vrows[static_cast<size_t>(i * d)], value_row(p + i), static_cast<size_t>(d) * 2);
       }
       // Means (and key channel scales) at the set's first flush, from its first mean_tokens
-      // unpinned tokens: the first rows coded now.
+      // unpinned tokens: the first rows coded now (unless a tier write fixed the means before).
       std::vector<float> key_mean, value_mean, key_scale;
       if (!hd.key_mean.empty()) key_mean = half_to_float_vector(hd.key_mean);
       if (!hd.value_mean.empty()) value_mean = half_to_float_vector(hd.value_mean);
       if (!hd.key_channel_scale.empty()) key_scale = half_to_float_vector(hd.key_channel_scale);
-      if (need_mean) {
+      if (centring && first_flush) {
         // The set's first mean_tokens unpinned tokens: window-after tokens [p, p + mean_tokens).
         const int64_t m = L.mean_tokens;
-        std::vector<double> km(static_cast<size_t>(d), 0.0), vm(static_cast<size_t>(d), 0.0);
-        std::vector<float> k(static_cast<size_t>(d)), v(static_cast<size_t>(d));
-        for (int64_t t = p; t < p + m; ++t) {
-          detail::fp16_bits_to_floats_batch(key_row(t), k.data(), static_cast<size_t>(d));
-          detail::fp16_bits_to_floats_batch(value_row(t), v.data(), static_cast<size_t>(d));
-          if (L.key_frame != transform::KeyFrame::kPostRope) codecs.remove_rope_fast(k.data(), position_at(t));
-          for (int i = 0; i < d; ++i) {
-            km[static_cast<size_t>(i)] += k[static_cast<size_t>(i)];
-            vm[static_cast<size_t>(i)] += v[static_cast<size_t>(i)];
+        if (!has_means(hd, k_coded, v_coded)) {
+          std::vector<const uint16_t*> krs, vrs;
+          std::vector<int32_t> at;
+          for (int64_t t = p; t < p + m; ++t) {
+            krs.push_back(key_row(t));
+            vrs.push_back(value_row(t));
+            at.push_back(position_at(t));
           }
+          set_means(codecs, krs, vrs, at, k_coded, v_coded, hp);
+          if (k_coded) key_mean = half_to_float_vector(hp.key_mean);
+          if (v_coded) value_mean = half_to_float_vector(hp.value_mean);
         }
-        if (k_coded) {
-          hp.key_mean = to_half_vector(km, static_cast<double>(m));
-          key_mean = half_to_float_vector(hp.key_mean);
-        }
-        if (v_coded) {
-          hp.value_mean = to_half_vector(vm, static_cast<double>(m));
-          value_mean = half_to_float_vector(hp.value_mean);
-        }
+        std::vector<float> k(static_cast<size_t>(d));
         if (k_coded && L.query_weighted_keys && !energy.empty()) {
           // Key energies of the centred keys in the engine's frame (pair-averaged: RoPE-invariant).
           std::vector<double> e(static_cast<size_t>(d), 0.0);
@@ -271,6 +269,7 @@ LayerWrite::LayerWrite(const CompressedKV& cache, int layer, LayerInput input) :
       if (v_coded) code_gains(vg, hd.value_gain_ref, hp.value_gains, hp.value_gain_codes, hp.value_gain_ref);
     }
   }
+  plan_code_tier(cache);
   // The query energy is kept until every head has turned it into channel scales.
   if (!energy.empty()) {
     energy_consumed_ = true;
@@ -321,6 +320,28 @@ LayerWrite::LayerWrite(const CompressedKV& cache, int layer, LayerInput input) :
   }
 }
 
+void LayerWrite::set_means(const CacheCodecs& codecs, const std::vector<const uint16_t*>& keys,
+                           const std::vector<const uint16_t*>& values, const std::vector<int32_t>& positions, bool k,
+                           bool v, HeadPlan& hp) {
+  const CacheLayout& L = codecs.layout();
+  const int d = L.head_dim;
+  const size_t m = keys.size();
+  require(m > 0 && values.size() == m && positions.size() == m, "LayerWrite: means need at least one token");
+  std::vector<double> km(static_cast<size_t>(d), 0.0), vm(static_cast<size_t>(d), 0.0);
+  std::vector<float> kf(static_cast<size_t>(d)), vf(static_cast<size_t>(d));
+  for (size_t t = 0; t < m; ++t) {
+    detail::fp16_bits_to_floats_batch(keys[t], kf.data(), static_cast<size_t>(d));
+    detail::fp16_bits_to_floats_batch(values[t], vf.data(), static_cast<size_t>(d));
+    if (L.key_frame != transform::KeyFrame::kPostRope) codecs.remove_rope_fast(kf.data(), positions[t]);
+    for (int i = 0; i < d; ++i) {
+      km[static_cast<size_t>(i)] += kf[static_cast<size_t>(i)];
+      vm[static_cast<size_t>(i)] += vf[static_cast<size_t>(i)];
+    }
+  }
+  if (k) hp.key_mean = to_half_vector(km, static_cast<double>(m));
+  if (v) hp.value_mean = to_half_vector(vm, static_cast<double>(m));
+}
+
 // The code tier's new tokens: coded once, as they arrive (CacheCodecs::encode_tier), and appended
 // to the tier stream; nothing about them waits for a flush.
 void LayerWrite::plan_code_tier(const CompressedKV& cache) {
@@ -342,19 +363,71 @@ void LayerWrite::plan_code_tier(const CompressedKV& cache) {
                                        : tp[s][i] > tp[s][i - 1]),
               "LayerWrite: tier positions must be ascending and follow the set's tier tokens");
   }
+  if (n == 0) return;  // nothing promoted by this write
   const size_t d = static_cast<size_t>(L.head_dim);
   const size_t kcb = codecs.tier_code_bytes(KvKind::kKey), vcb = codecs.tier_code_bytes(KvKind::kValue);
   for (int h = 0; h < L.n_kv_heads; ++h) {
     const auto& k = input_.tier_keys[static_cast<size_t>(h)];
     const auto& v = input_.tier_values[static_cast<size_t>(h)];
     require(k.size() == n * d && v.size() == n * d, "LayerWrite: tier rows do not match the tier positions");
+    const size_t s = n_sets == 1 ? 0 : static_cast<size_t>(h);
+    const auto& hd = ld.heads[static_cast<size_t>(h)];
     HeadPlan& hp = heads_[static_cast<size_t>(h)];
+    std::vector<float> key_mean, value_mean;
+    if (L.tier_centered) {
+      // The head's means: its own, those this write's flush set, or fixed now (before the first flush).
+      if (!has_means(hd, true, true) && hp.key_mean.empty()) {
+        std::vector<const uint16_t*> krs, vrs;
+        std::vector<int32_t> at;
+        window_rows_after(cache, s, h, static_cast<size_t>(L.mean_tokens), krs, vrs, at);
+        if (krs.empty())
+          for (size_t i = 0; i < n; ++i) {
+            krs.push_back(&k[i * d]);
+            vrs.push_back(&v[i * d]);
+            at.push_back(tp[s][i]);
+          }
+        set_means(codecs, krs, vrs, at, true, true, hp);
+      }
+      key_mean = half_to_float_vector(hp.key_mean.empty() ? hd.key_mean : hp.key_mean);
+      value_mean = half_to_float_vector(hp.value_mean.empty() ? hd.value_mean : hp.value_mean);
+    }
     hp.tier_key_codes.resize(n * kcb);
     hp.tier_value_codes.resize(n * vcb);
     hp.tier_key_gains.resize(n);
     hp.tier_value_gains.resize(n);
-    codecs.encode_tier(layer_, h, KvKind::kKey, n, k.data(), hp.tier_key_codes.data(), hp.tier_key_gains.data());
-    codecs.encode_tier(layer_, h, KvKind::kValue, n, v.data(), hp.tier_value_codes.data(), hp.tier_value_gains.data());
+    const float* km = key_mean.empty() ? nullptr : key_mean.data();
+    const float* vm = value_mean.empty() ? nullptr : value_mean.data();
+    codecs.encode_tier(layer_, h, KvKind::kKey, n, k.data(), tp[s].data(), km, hp.tier_key_codes.data(),
+                       hp.tier_key_gains.data());
+    codecs.encode_tier(layer_, h, KvKind::kValue, n, v.data(), tp[s].data(), vm, hp.tier_value_codes.data(),
+                       hp.tier_value_gains.data());
+  }
+}
+
+// The first up-to-`limit` unpinned tokens of set s's window after this write (head h's rows),
+// in window order.
+void LayerWrite::window_rows_after(const CompressedKV& cache, size_t s, int h, size_t limit,
+                                   std::vector<const uint16_t*>& keys, std::vector<const uint16_t*>& values,
+                                   std::vector<int32_t>& positions) const {
+  const auto& ld = cache.layer(layer_);
+  const auto& hd = ld.heads[static_cast<size_t>(h)];
+  const int64_t d = cache.layout().head_dim;
+  const auto& old_wpos = ld.window_positions[s];
+  const auto& new_pos = input_.positions[s];
+  const int64_t w_old = static_cast<int64_t>(old_wpos.size());
+  const int64_t w_after = w_old + static_cast<int64_t>(new_pos.size());
+  const int64_t coded = static_cast<int64_t>(sets_[s].coded_positions.size());
+  for (int64_t i = pinned_after_ + coded; i < w_after && keys.size() < limit; ++i) {
+    const int64_t src = source(s, i);
+    if (src < w_old) {
+      keys.push_back(&hd.window_keys[static_cast<size_t>(src * d)]);
+      values.push_back(&hd.window_values[static_cast<size_t>(src * d)]);
+      positions.push_back(old_wpos[static_cast<size_t>(src)]);
+    } else {
+      keys.push_back(&input_.keys[static_cast<size_t>(h)][static_cast<size_t>((src - w_old) * d)]);
+      values.push_back(&input_.values[static_cast<size_t>(h)][static_cast<size_t>((src - w_old) * d)]);
+      positions.push_back(new_pos[static_cast<size_t>(src - w_old)]);
+    }
   }
 }
 

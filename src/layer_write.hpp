@@ -59,7 +59,22 @@ class LayerWrite {
     std::vector<int32_t> window_positions;  // the set's window after the write (when rebuilt)
   };
 
+  /// Codes the write's tier tokens; after the flush plan, so that a centred tier finds the
+  /// head's means (fixing them here when neither the head nor this write has any yet).
   void plan_code_tier(const CompressedKV& cache);
+  /// Whether a head holds the means of the kinds asked for.
+  static bool has_means(const CompressedKV::HeadData& hd, bool keys, bool values) {
+    return (!keys || !hd.key_mean.empty()) && (!values || !hd.value_mean.empty());
+  }
+  /// Fixes the means of the kinds asked for from the given rows (fp16 bits; keys post-RoPE at
+  /// `positions`, RoPE removed unless the key frame is post-RoPE), rounded to fp16, into hp.
+  static void set_means(const CacheCodecs& codecs, const std::vector<const uint16_t*>& keys,
+                        const std::vector<const uint16_t*>& values, const std::vector<int32_t>& positions, bool k,
+                        bool v, HeadPlan& hp);
+  /// The first up-to-`limit` unpinned tokens that set s's window holds after this write (head h's
+  /// rows and their positions).
+  void window_rows_after(const CompressedKV& cache, size_t s, int h, size_t limit, std::vector<const uint16_t*>& keys,
+                         std::vector<const uint16_t*>& values, std::vector<int32_t>& positions) const;
 
   int layer_;
   LayerInput input_;

@@ -1121,10 +1121,15 @@ TEST(Compressor, CodeTierCodesTheNextScoredTokensInTheirOwnStream) {
         EXPECT_EQ(ch.positions, rh.positions);
         // Tier rows decode through the tier codec: decode_tier of the stored codes, bit for bit.
         const auto& hd = cache.layer(l).heads[static_cast<size_t>(h)];
-        std::vector<float> k(tier.size() * d), v(tier.size() * d);
-        cache.codecs().decode_tier(l, h, KvKind::kKey, tier.size(), hd.tier_key_codes.data(), hd.tier_key_gains.data(), k.data());
+        // (Centred on the head's means: format 6's tier.)
+        std::vector<float> k(tier.size() * d), v(tier.size() * d), km(d), vm(d);
+        ASSERT_TRUE(cache.layout().tier_centered);
+        fp16_bits_to_floats(hd.key_mean.data(), km.data(), km.size());
+        fp16_bits_to_floats(hd.value_mean.data(), vm.data(), vm.size());
+        cache.codecs().decode_tier(l, h, KvKind::kKey, tier.size(), hd.tier_key_codes.data(), hd.tier_key_gains.data(),
+                                   tier.data(), km.data(), k.data());
         cache.codecs().decode_tier(l, h, KvKind::kValue, tier.size(), hd.tier_value_codes.data(), hd.tier_value_gains.data(),
-                                   v.data());
+                                   tier.data(), vm.data(), v.data());
         for (size_t i = 0; i < tier.size(); ++i) {
           const size_t row = static_cast<size_t>(std::lower_bound(ch.positions.begin(), ch.positions.end(), tier[i]) -
                                                  ch.positions.begin());

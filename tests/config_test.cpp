@@ -374,8 +374,19 @@ TEST(ConfigParse, CodeTier) {
   EXPECT_EQ(L.tier_value_codec, quant::Codec::kRvq3);
   EXPECT_TRUE(L.layer_has_code_tier(0));
   EXPECT_FALSE(L.layer_has_code_tier(2));  // out of range: none
+  // A centred tier is format 6: the record's variable part ends with a (here zero) RoPE factor count.
+  EXPECT_TRUE(L.tier_centered);
   EXPECT_EQ(L.descriptor_bytes(), make_layout(Config::parse("preset=quant-k2v2"), shape).descriptor_bytes() +
-                                      2 * CacheLayout::kSetTierCountBytes);
+                                      2 * CacheLayout::kSetTierCountBytes + CacheLayout::kRopeFactorCountBytes);
+  Config uncentred = c;
+  uncentred.tier_center = false;
+  EXPECT_FALSE(make_layout(uncentred, shape).tier_centered);
+  EXPECT_EQ(make_layout(uncentred, shape).descriptor_bytes(),
+            make_layout(Config::parse("preset=quant-k2v2"), shape).descriptor_bytes() + 2 * CacheLayout::kSetTierCountBytes);
+  // No tier, no centring or pre-RoPE codes: nothing to centre, version 6 not needed.
+  EXPECT_FALSE(make_layout(Config::parse("preset=quant-k3v2"), shape).tier_centered);
+  EXPECT_FALSE(make_layout(Config::parse("preset=tier-k3v2,center=0"), shape).tier_centered);
+  EXPECT_FALSE(make_layout(Config::parse("preset=tier-k3v2,rope=pre"), shape).tier_centered);
   EXPECT_EQ(Config::parse("code_tier=0.1").tier_key_codec, quant::Codec::kRvq4);  // the default
   expect_error([&] { Config::parse("code_tier=0.1,tier_key=fp16").validate(shape); }, "'tier_key'");
   expect_error([&] { Config::parse("code_tier=0.6,fp16_tier=0.4").validate(shape); }, "'code_tier'");

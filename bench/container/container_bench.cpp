@@ -456,7 +456,8 @@ void write_golden(const std::string& dir) {
       "# Golden containers written by e8kv-container-bench --write-golden.\n"
       "# name kind digest n_layers n_kv_heads n_q_heads head_dim per_head key_frame codecs [format_version]\n"
       "# (key_frame: 0 post, 1 pre, 2 residual; format_version is omitted for version 1; digests of later\n"
-      "# versions also cover the version-2 fields, of version 5 also the code tier)\n";
+      "# versions also cover the version-2 fields, of version 5 also the code tier, of version 6 also\n"
+      "# the tier's centring and the RoPE frequency factors)\n";
   auto cache_entry = [&](const std::string& name, const synth::SyntheticSpec& s, const Config& cfg, int appended,
                          const entropy::ContainerOptions& o) {
     const Made m = make_kv(s);
@@ -539,13 +540,20 @@ void write_golden(const std::string& dir) {
                 Config::parse("preset=quant-k3v2,fp16_tier=0.1,residual=8,flush=16,sinks=2,recent=8,mean_tokens=16"), 8,
                 o5);
     // Format version 5: the code tier (rvq4 keys and values of promoted tokens in their own
-    // streams) beside an fp16 tier.
+    // streams, uncentred as version 5 coded them) beside an fp16 tier.
     synth::SyntheticSpec s9 = s5;
     s9.seed = 19;
     cache_entry("k3v2_code_tier.e8kv", s9,
                 Config::parse("preset=quant-k3v2,code_tier=0.15,fp16_tier=0.05,residual=8,flush=16,sinks=2,recent=8,"
-                              "mean_tokens=16"),
+                              "mean_tokens=16,tier_center=0"),
                 8, o5);
+    // Format version 6: the code tier centred on the heads' means, and RoPE frequency factors
+    // (llama.cpp's rope_freqs), one per rotary pair.
+    synth::SyntheticSpec s10 = s5;
+    s10.seed = 20;
+    Config c10 = Config::parse("preset=quant-k3v2,code_tier=0.15,residual=8,flush=16,sinks=2,recent=8,mean_tokens=16");
+    for (int i = 0; i < s10.head_dim / 2; ++i) c10.rope.freq_factors.push_back(1.0f + 0.125f * static_cast<float>(i % 9));
+    cache_entry("k3v2_centred_tier_rope_factors.e8kv", s10, c10, 8, o5);
   }
   // Plain bf16 tensors.
   {

@@ -87,6 +87,14 @@ struct Config {
   double code_tier = 0.0;
   quant::Codec tier_key_codec = quant::Codec::kRvq4;    ///< a block code (not fp16)
   quant::Codec tier_value_codec = quant::Codec::kRvq4;  ///< a block code (not fp16)
+  /// Code the tier's tokens centred, as the layer's codes are (spec key `tier_center`): keys as
+  /// the RoPE-residual k − R_t·μ (post-RoPE frame: k − μ), values as v − μ, on the head's means
+  /// (CacheLayout::tier_centered). Without it a key offset shared by a head's keys — Qwen2's
+  /// k_proj bias reaches ~200 against a token-dependent part of a few units — takes the tier's
+  /// bits and its tokens, the most important ones, decode worst (tier-k3v2's KL on
+  /// Qwen2.5-Coder-0.5B in llama.cpp: 1.28 uncentred). Applies with `center` and a key frame other
+  /// than pre; on by default.
+  bool tier_center = true;
   int sinks = 4;
   int recent_window = 32;
   select::ScorerKind scorer = select::ScorerKind::kObservationWindow;

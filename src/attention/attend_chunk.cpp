@@ -256,6 +256,8 @@ void run_chunk_body(ResolvedRequest& r, int64_t chunk, Scratch& s) {
       if (set_count <= 0) continue;
       if (segment == Segment::kCoded && (p.residual_mean || p.frame == KeyFrame::kPreRope))
         fill_cos_sin(p, ld.positions[set].data() + t_begin + s0, set_count, s);
+      else if (tier && p.tier_centred && p.residual_mean)
+        fill_cos_sin(p, ld.tier_positions[set].data() + t_begin + s0, set_count, s);
       for (int h = h_begin; h < h_end; ++h) {
         const int64_t m = std::min<int64_t>(count[static_cast<size_t>(h)] - s0, kSubTile);
         if (m <= 0) continue;
@@ -303,8 +305,9 @@ void run_chunk_body(ResolvedRequest& r, int64_t chunk, Scratch& s) {
               with_rows<K>(tile_rows, [&](const auto& dec) {
                 K::template dot_rows<NG>(dec, rows, stride, blocks, q + static_cast<size_t>(g0) * d, m, s.dots.data(), kSubTile);
               });
-              // Heads without means and the tier (uncentred) skip the mean term.
-              const bool mean_rows = !tier && scaled_codes && p.residual_mean && !hq.mean_coeffs.empty();
+              // Heads without means and an uncentred tier skip the mean term.
+              const bool centred = !tier || p.tier_centred;
+              const bool mean_rows = centred && scaled_codes && p.residual_mean && !hq.mean_coeffs.empty();
               if (mean_rows)
                 K::template dot_rows<NG>(typename K::Fp32RowDecoder{}, reinterpret_cast<const uint8_t*>(s.cs.data()),
                                          static_cast<size_t>(2 * p.P) * sizeof(float), 2 * p.P / 8,
@@ -318,7 +321,7 @@ void run_chunk_body(ResolvedRequest& r, int64_t chunk, Scratch& s) {
                 }
                 K::code_logits(dot, s.key_gains.data() + s0,
                                mean_rows ? s.mean.data() + static_cast<size_t>(g) * kSubTile : nullptr,
-                               tier ? 0.f : hq.base[static_cast<size_t>(g0 + g)], p.scale, m, out);
+                               centred ? hq.base[static_cast<size_t>(g0 + g)] : 0.f, p.scale, m, out);
               }
             });
           }
@@ -353,7 +356,8 @@ void run_chunk_body(ResolvedRequest& r, int64_t chunk, Scratch& s) {
         st[0] = kNegInf;
         if (m == 0) continue;
         K::softmax_row(logits_row(token, h, g), padded, &st[0], &st[1]);
-        st[2] = segment == Segment::kCoded ? st[1] : 0.f;  // the mass the value mean applies to
+        // The mass the value mean applies to: the codes', and a centred tier's.
+        st[2] = segment == Segment::kCoded || (tier && p.tier_centred) ? st[1] : 0.f;
       }
     }
     if (m == 0) continue;

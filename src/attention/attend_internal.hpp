@@ -59,9 +59,11 @@ struct LayerPlan {
   float value_factor = 1.f;          // the value codebook's 1/input scale, folded into the weights
   size_t key_code_bytes = 0, value_code_bytes = 0;
   float scale = 1.f;
-  // The code tier (CacheLayout::tier_key_codec): keys post-RoPE, nothing centred or scaled, fp16
-  // gains; read in the same rotated bases as the layer's codes with the tier codec's factors.
+  // The code tier (CacheLayout::tier_key_codec): keys post-RoPE, no channel scales, fp16 gains;
+  // read in the same rotated bases as the layer's codes with the tier codec's factors. Centred
+  // (tier_centred, format 6) like the codes: the mean term and the value mean apply to its tokens.
   Codec tier_key_codec = Codec::kFp16, tier_value_codec = Codec::kFp16;
+  bool tier_centred = false;
   Rows tier_key_rows = Rows::kFp32, tier_value_rows = Rows::kFp32;
   float tier_query_factor = 1.f, tier_value_factor = 1.f;
   size_t tier_key_code_bytes = 0, tier_value_code_bytes = 0;

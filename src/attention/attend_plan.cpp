@@ -63,6 +63,7 @@ LayerPlan plan_layer(const CompressedKV& cache, int layer) {
   p.query_factor = input_factor(p.key_codec);
   p.value_factor = input_factor(p.value_codec);
   p.tier_key_codec = L.tier_key_codec;
+  p.tier_centred = L.tier_centered;
   p.tier_value_codec = L.tier_value_codec;
   p.tier_key_rows = table_rows(p.tier_key_codec);
   p.tier_value_rows = table_rows(p.tier_value_codec);
@@ -96,7 +97,7 @@ HeadQuery prepare_head_query(const LayerPlan& p, int h, const float* q_head) {
   hq.base.assign(static_cast<size_t>(p.G), 0.f);
   const int d = p.d, G = p.G;
   const auto& codecs = p.cache->codecs();
-  if (p.tier_chunks > 0) {  // tier keys: k̂ = Rᵀ·(g·ĉ), post-RoPE, so q·k̂ = g·(R·q)·ĉ
+  if (p.tier_chunks > 0) {  // tier keys: k̂ = M_t + Rᵀ·(g·ĉ), post-RoPE, so q·k̂ = q·M_t + g·(R·q)·ĉ
     hq.qt_tier.resize(static_cast<size_t>(G * d));
     for (int g = 0; g < G; ++g) {
       float* qt = hq.qt_tier.data() + static_cast<size_t>(g) * d;

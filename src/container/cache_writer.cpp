@@ -188,6 +188,8 @@ size_t serialized_size_bound(const CompressedKV& cache, const ContainerOptions& 
   const int64_t T = options.chunk_tokens;
   const uint16_t version = std::max(format_version_for(L), positions_version(cache));
   uint64_t header = kPrefixBytes + CacheLayout::kLayoutRecordBytes + 2 * static_cast<uint64_t>(L.n_layers) + 4;
+  if (version >= kRopeFactorsSince)
+    header += CacheLayout::kRopeFactorCountBytes + sizeof(float) * static_cast<uint64_t>(L.rope.freq_factors.size());
   uint64_t body = 0;
   for (int l = 0; l < L.n_layers; ++l) {
     const LayerCounts c = checked_counts(cache, l, T);

@@ -28,6 +28,8 @@ inline constexpr int kTierStreams = 4;   // version 5: StreamKind 9..12 after th
 /// The first format version with the code tier (layout bytes 106-107, a tier token count per
 /// position set, the tier streams).
 inline constexpr uint16_t kCodeTierSince = 5;
+/// The first format version with the centred code tier and the RoPE frequency factors.
+inline constexpr uint16_t kRopeFactorsSince = 6;
 /// Streams of a compressed-cache chunk in format `version`.
 inline int cache_streams(uint16_t version) { return kCacheStreams + (version >= kCodeTierSince ? kTierStreams : 0); }
 inline constexpr uint8_t kEntropyStored = 0;

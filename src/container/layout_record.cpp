@@ -8,6 +8,7 @@
 #include <array>
 #include <string>
 
+#include "container/format.hpp"
 #include "detail/layout_fields.hpp"
 #include "e8kv/entropy/container.hpp"
 
@@ -55,6 +56,7 @@ uint16_t format_version_for(const CacheLayout& L) {
 #undef E8KV_VERSION_SHARED
 #undef E8KV_VERSION_SHAPE
 #undef E8KV_VERSION
+  if (!L.rope.freq_factors.empty()) version = std::max(version, kRopeFactorsSince);
   return version;
 }
 
@@ -80,6 +82,15 @@ void validate_layout(const CacheLayout& L) {
             "layout tier_key_codec {} and tier_value_codec {} are not accepted (accepted: both fp16 (0), no code tier; "
             "or both block codes)",
             print(named<quant::Codec>(), L.tier_key_codec), print(named<quant::Codec>(), L.tier_value_codec));
+  io::check(!L.tier_centered || (L.has_code_tier() && L.center && L.key_frame != transform::KeyFrame::kPreRope),
+            "layout tier_centered 1 is not accepted without a code tier, centring and a key frame other than pre");
+  const size_t pairs = static_cast<size_t>(L.rope.rotary_dim == 0 ? L.head_dim : L.rope.rotary_dim) / 2;
+  io::check(L.rope.freq_factors.empty() || L.rope.freq_factors.size() == pairs,
+            "layout has {} RoPE frequency factors; accepted: none, or one per rotary pair ({})", L.rope.freq_factors.size(),
+            pairs);
+  if (!accepts(positive_floats(), L.rope.freq_factors))
+    io::fail(fmt::format("layout RoPE frequency factors {} are not accepted (accepted: {})",
+                         print(positive_floats(), L.rope.freq_factors), accepted(positive_floats())));
   for (size_t l = 0; l < L.key_codec.size(); ++l) {
     for (const auto* codecs : {&L.key_codec, &L.value_codec})
       if (!accepts(named<quant::Codec>(), (*codecs)[l]))
@@ -105,6 +116,10 @@ void write_layout_record(io::ByteWriter& w, const CacheLayout& L, uint16_t versi
     w.u8(static_cast<uint8_t>(L.key_codec[static_cast<size_t>(l)]));
     w.u8(static_cast<uint8_t>(L.value_codec[static_cast<size_t>(l)]));
   }
+  if (version >= kRopeFactorsSince) {
+    w.u16(static_cast<uint16_t>(L.rope.freq_factors.size()));
+    for (float f : L.rope.freq_factors) w.f32(f);
+  }
 }
 
 CacheLayout read_layout_record(io::ByteReader& r, uint16_t version) {
@@ -126,6 +141,11 @@ CacheLayout read_layout_record(io::ByteReader& r, uint16_t version) {
   for (int l = 0; l < L.n_layers; ++l) {
     L.key_codec.push_back(static_cast<quant::Codec>(r.u8("key codec")));
     L.value_codec.push_back(static_cast<quant::Codec>(r.u8("value codec")));
+  }
+  if (version >= kRopeFactorsSince) {
+    const uint16_t n = r.u16("RoPE frequency factor count");
+    r.need(sizeof(float) * n, "RoPE frequency factors");
+    for (uint16_t i = 0; i < n; ++i) L.rope.freq_factors.push_back(r.f32("RoPE frequency factor"));
   }
   validate_layout(L);
   return L;
@@ -151,6 +171,9 @@ std::string layout_difference(const CacheLayout& a, const CacheLayout& b) {
     }
   }
   E8KV_LAYOUT_FIELDS(E8KV_FIELD_IGNORE, E8KV_DIFF_SHARED, E8KV_FIELD_IGNORE)
+  if (!same_value(a.rope.freq_factors, b.rope.freq_factors))
+    return fmt::format("rope.freq_factors {} vs {}", print(positive_floats(), a.rope.freq_factors),
+                       print(positive_floats(), b.rope.freq_factors));
 #undef E8KV_DIFF_SHARED
 #undef E8KV_DIFF_SHAPE
 #undef E8KV_DIFF
@@ -158,3 +181,5 @@ std::string layout_difference(const CacheLayout& a, const CacheLayout& b) {
 }
 
 }  // namespace e8kv::entropy
+
+uint16_t e8kv::CacheLayout::format_version() const { return entropy::format_version_for(*this); }

@@ -159,6 +159,10 @@ constexpr Seed seed() { return {}; }
 struct Rates {};
 constexpr Rates rates() { return {}; }
 
+/// A list of finite floats > 0, ';' between them (RopeParams::freq_factors); empty: none.
+struct PositiveFloats {};
+constexpr PositiveFloats positive_floats() { return {}; }
+
 // ---- accepts / accepted ------------------------------------------------------------------------
 
 template <class T>
@@ -187,6 +191,10 @@ inline bool accepts(Rates, const std::vector<LayerRate>& r) {
   return std::all_of(r.begin(), r.end(), [](const LayerRate& x) {
     return accepts(Named<quant::Codec>{}, x.key) && accepts(Named<quant::Codec>{}, x.value);
   });
+}
+
+inline bool accepts(PositiveFloats, const std::vector<float>& v) {
+  return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x) && x > 0.f; });
 }
 
 inline std::string accepted(const Ints& k) {
@@ -218,6 +226,7 @@ std::string accepted(Named<E>) {
   return s;
 }
 inline std::string accepted(Seed) { return "0 .. 18446744073709551615"; }
+inline std::string accepted(PositiveFloats) { return "empty, or finite numbers > 0 separated by ';'"; }
 inline std::string accepted(Rates) {
   return "empty, or key/value codec names per layer separated by ';' (codecs: " + accepted(Named<quant::Codec>{}) + ")";
 }
@@ -253,6 +262,12 @@ inline std::string print(Rates, const std::vector<LayerRate>& r) {
   std::string s;
   for (size_t l = 0; l < r.size(); ++l)
     s += fmt::format("{}{}/{}", l ? ";" : "", print(Named<quant::Codec>{}, r[l].key), print(Named<quant::Codec>{}, r[l].value));
+  return s;
+}
+
+inline std::string print(PositiveFloats, const std::vector<float>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += fmt::format("{}{}", i ? ";" : "", v[i]);
   return s;
 }
 
@@ -342,6 +357,20 @@ inline bool parse(Rates, const std::string& text, std::vector<LayerRate>& out) {
     at = end + 1;
   }
   out = std::move(r);
+  return true;
+}
+
+inline bool parse(PositiveFloats, const std::string& text, std::vector<float>& out) {
+  std::vector<float> v;
+  size_t at = 0;
+  while (at < text.size()) {
+    const size_t end = std::min(text.find(';', at), text.size());
+    float x = 0.f;
+    if (!parse(positive(), text.substr(at, end - at), x)) return false;
+    v.push_back(x);
+    at = end + 1;
+  }
+  out = std::move(v);
   return true;
 }
 
@@ -449,6 +478,9 @@ template <class T>
 bool same_value(const T& a, const T& b) {
   if constexpr (std::is_floating_point_v<T>) return std::memcmp(&a, &b, sizeof(T)) == 0;
   else return a == b;
+}
+inline bool same_value(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 inline bool same_value(const std::vector<LayerRate>& a, const std::vector<LayerRate>& b) {
   return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](const LayerRate& x, const LayerRate& y) {

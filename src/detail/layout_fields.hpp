@@ -17,8 +17,10 @@
 // CONFIG). Rows are in describe() order.
 //
 // Not in the table (their semantics are code): the per-layer codecs of CacheLayout (the
-// record's variable part, from Config::layer_rate), rope.head_dim of a layout (always the
-// model's head_dim), and the relations between fields (n_q_heads a multiple of n_kv_heads,
+// record's variable part, from Config::layer_rate), the RoPE frequency factors (a CONFIG row for
+// the spec; in the record's variable part from version 6), rope.head_dim of a layout (always the
+// model's head_dim), tier_centered's dependence on the tier, centring and the key frame, and the
+// relations between fields (n_q_heads a multiple of n_kv_heads,
 // rotary_dim <= head_dim, layer_rates one per layer).
 //
 // Adding a field: one row, plus its meaning where it is used. Example, the key frame: its row
@@ -59,6 +61,7 @@ inline constexpr size_t kLayoutRecordBytes = 128;
   CONFIG(code_tier, "code_tier", fraction_below_one())                                                               \
   SHARED(tier_key_codec, tier_key_codec, "tier_key", named<quant::Codec>(), 58, wire::u8, since(5, 0))               \
   SHARED(tier_value_codec, tier_value_codec, "tier_value", named<quant::Codec>(), 59, wire::u8, since(5, 0))         \
+  SHARED(tier_center, tier_centered, "tier_center", flag(), 23, wire::u8, since(6, 0))                               \
   CONFIG(sinks, "sinks", ints(0, kIntMax))                                                                           \
   CONFIG(recent_window, "recent", ints(0, kIntMax))                                                                  \
   CONFIG(scorer, "scorer", named<select::ScorerKind>())                                                              \
@@ -101,7 +104,8 @@ inline constexpr size_t kLayoutRecordBytes = 128;
   SHARED(rope.high_freq_factor, rope.high_freq_factor, "rope_high_freq_factor", finite(), 96, wire::f64, v1)         \
   SHARED(rope.beta_fast, rope.beta_fast, "rope_beta_fast", finite(), 104, wire::f64, v1)                             \
   SHARED(rope.beta_slow, rope.beta_slow, "rope_beta_slow", finite(), 112, wire::f64, v1)                             \
-  SHARED(rope.attention_factor, rope.attention_factor, "rope_attention_factor", finite(), 120, wire::f64, v1)
+  SHARED(rope.attention_factor, rope.attention_factor, "rope_attention_factor", finite(), 120, wire::f64, v1)     \
+  CONFIG(rope.freq_factors, "rope_freq_factors", positive_floats())
 // clang-format on
 
 namespace e8kv::detail::fields {

@@ -47,14 +47,15 @@ TEST(ContainerFiles, WriteReadLayerAndInfo) {
 
 // Every golden file reads back: header fields as the manifest lists them, the content digest the
 // writer took from the in-memory cache before serializing it (files of versions 2-4: including
-// the version-2 fields; version 5: the code tier too), partial reads equal to the full read, and a
+// the version-2 fields; version 5: the code tier too; version 6: the tier's centring and the RoPE
+// frequency factors too), partial reads equal to the full read, and a
 // re-serialization that reads back equal. Version-1 files are those written before version 2
 // existed.
 TEST(ContainerGolden, FilesOfEveryFormatVersionReadBack) {
   std::ifstream manifest(data_dir() + "/golden.txt");
   ASSERT_TRUE(manifest.good()) << "tests/data/golden.txt is missing";
   std::string line;
-  int files = 0, files_v2 = 0, files_v5 = 0;
+  int files = 0, files_v2 = 0, files_v5 = 0, files_v6 = 0;
   while (std::getline(manifest, line)) {
     if (line.empty() || line[0] == '#') continue;
     std::istringstream in(line);
@@ -102,9 +103,13 @@ TEST(ContainerGolden, FilesOfEveryFormatVersionReadBack) {
             interleaved || (ld.pinned > 0 && !ld.positions[0].empty() &&
                             ld.window_positions[0][static_cast<size_t>(ld.pinned) - 1] > ld.positions[0].front());
       }
-      if (version >= 4) {
+      if (version == 4 || version == 5) {  // the fp16 tier (version 6's file has none)
         EXPECT_TRUE(interleaved);
       }
+      // Version 6: a centred tier and RoPE frequency factors, one per rotary pair.
+      EXPECT_EQ(L.tier_centered, version >= 6);
+      EXPECT_EQ(L.rope.freq_factors.size(), version >= 6 ? static_cast<size_t>(L.head_dim / 2) : 0u);
+      if (version >= 6) ++files_v6;
       EXPECT_EQ(L.has_code_tier(), version >= 5);
       if (version >= 5) ++files_v5;
       for (int l = 0; l < L.n_layers; ++l) {
@@ -145,9 +150,10 @@ TEST(ContainerGolden, FilesOfEveryFormatVersionReadBack) {
     }
     ++files;
   }
-  EXPECT_EQ(files, 9);
-  EXPECT_EQ(files_v2, 5);
-  EXPECT_EQ(files_v5, 1);
+  EXPECT_EQ(files, 10);
+  EXPECT_EQ(files_v2, 6);
+  EXPECT_EQ(files_v5, 2);
+  EXPECT_EQ(files_v6, 1);
 }
 
 // Writes the cache to a file in one child process, reads it and attends in a second child

@@ -526,13 +526,14 @@ TEST(ContainerPositions, TieredCacheNeedsVersion4) {
 
 // ---- the code tier (version 5) ----------------------------------------------------------------------
 
-// A version-5 container: rvq3/e8p2 layers with an rvq4 code tier, 3 layers of which the first
-// and last are fp16 (protect=1: no code tier there), shared positions.
+// A version-5 container: rvq3/e8p2 layers with an rvq4 code tier (uncentred: tier_center=0; a
+// centred tier is version 6, whose record adds a factor count after the codec ids), 3 layers of
+// which the first and last are fp16 (protect=1: no code tier there), shared positions.
 class ContainerCodeTier : public ::testing::Test {
  protected:
   void SetUp() override {
-    made_ =
-        make_cache("preset=quant-k3v2,code_tier=0.2,protect=1,residual=4,flush=8", small_spec(3, 2, 4, 64, 80, 63), 5);
+    made_ = make_cache("preset=quant-k3v2,code_tier=0.2,protect=1,residual=4,flush=8,tier_center=0",
+                       small_spec(3, 2, 4, 64, 80, 63), 5);
     const CacheLayout& L = made_.cache.layout();
     ASSERT_FALSE(L.layer_has_code_tier(0));
     ASSERT_TRUE(L.layer_has_code_tier(1));

@@ -53,12 +53,14 @@ TEST(ContainerFormat, CoversEveryFieldOfTheCacheStructs) {
     double factor;
     int original_max_position;
     double low_freq_factor, high_freq_factor, beta_fast, beta_slow, attention_factor;
+    std::vector<float> freq_factors;  // version 6
   };
   EXPECT_EQ(sizeof(transform::RopeParams), sizeof(RopeMirror));
   struct LayoutMirror {
     int n_layers, n_kv_heads, n_q_heads, head_dim;
     std::vector<quant::Codec> key_codec, value_codec;
     quant::Codec tier_key_codec, tier_value_codec;  // version 5
+    bool tier_centered;                             // version 6
     quant::GainPolicy key_gain, value_gain;
     float key_scale, value_scale;
     transform::KeyFrame key_frame;
@@ -103,19 +105,31 @@ TEST(ContainerRoundTrip, LayoutDifferenceNamesTheField) {
 // bytes() counts the descriptor as the container writes it: a version-1 header is exactly the
 // 48-byte prefix + descriptor_bytes() + per layer its chunk range (16 bytes) and per head the two
 // mean lengths and the fp16 means + 16 bytes per directory entry + the CRC. Both position-set
-// modes; and a version-5 header (code tier: a tier token count per set, which descriptor_bytes
+// modes; a version-5 header (code tier: a tier token count per set, which descriptor_bytes
 // counts), whose version-2 fields per head (scale and energy lengths, the scales, the energies,
-// two gain references) are not part of the descriptor either.
+// two gain references) are not part of the descriptor either; and version-6 headers (the centred
+// tier, RoPE frequency factors: a count and the factors, which descriptor_bytes counts).
 TEST(ContainerHeader, DescriptorBytesMatchTheSerializedHeader) {
-  for (const char* spec :
-       {"preset=high,residual=4,gain_bits=16,qweight=0,rope=pre",
-        "preset=high,residual=4,gain_bits=16,qweight=0,per_head=1,rope=pre",
-        "preset=quant-k3v2,code_tier=0.2,residual=4", "preset=quant-k3v2,code_tier=0.2,per_head=1,evict=0.3"}) {
+  std::string factors;  // 32 rotary pairs at head_dim 64
+  for (int i = 0; i < 32; ++i) factors += (i ? ";" : "") + std::to_string(1.0 + 0.25 * i);
+  const struct {
+    std::string spec;
+    int version;
+  } cases[] = {{"preset=high,residual=4,gain_bits=16,qweight=0,rope=pre", 1},
+               {"preset=high,residual=4,gain_bits=16,qweight=0,per_head=1,rope=pre", 1},
+               {"preset=quant-k3v2,code_tier=0.2,residual=4,tier_center=0", 5},
+               {"preset=quant-k3v2,code_tier=0.2,per_head=1,evict=0.3,tier_center=0", 5},
+               {"preset=quant-k3v2,code_tier=0.2,residual=4", 6},
+               {"preset=quant-k3v2,code_tier=0.2,per_head=1,evict=0.3", 6},
+               {"preset=high,residual=4,gain_bits=16,qweight=0,rope=pre,rope_freq_factors=" + factors, 6}};
+  for (const auto& c : cases) {
+    const std::string& spec = c.spec;
     const Made m = make_cache(spec, small_spec(3, 2, 4, 64, 90, 43), 6);
     const auto bytes = ent::serialize(m.cache);
     const auto info = ent::read_info(bytes.data(), bytes.size());
     const auto& L = m.cache.layout();
-    ASSERT_EQ(info.format_version, L.has_code_tier() ? 5 : 1) << spec;
+    ASSERT_EQ(info.format_version, c.version) << spec;
+    ASSERT_EQ(L.format_version(), c.version) << spec;
     if (L.has_code_tier()) {
       ASSERT_GT(m.cache.tier_tokens(1, 1), 0) << spec;
     }

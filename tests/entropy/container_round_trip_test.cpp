@@ -158,7 +158,7 @@ Made make_tier_cache(const std::string& spec, const synth::SyntheticSpec& s, int
 // codes and fp16 gains included), with equal content digests and attention; shared and per-head
 // position sets, with and without eviction, 8- and 16-bit main gains, two tier codec pairs, an
 // fp16 tier beside it; any chunk size (chunks then hold coded, tier and window rows together).
-TEST(ContainerRoundTrip, CodeTierUsesVersion5AndLosesNothing) {
+TEST(ContainerRoundTrip, CodeTierUsesVersion5Or6AndLosesNothing) {
   const char* specs[] = {
       "preset=quant-k3v2,code_tier=0.15",
       "preset=quant-k3v2,code_tier=0.15,per_head=1",
@@ -169,46 +169,49 @@ TEST(ContainerRoundTrip, CodeTierUsesVersion5AndLosesNothing) {
   };
   int i = 0;
   for (const char* spec_head : specs) {
-    const std::string spec = std::string(spec_head) + ",residual=5,recent=8,sinks=2";
-    SCOPED_TRACE(spec);
-    const Made m = make_tier_cache(spec, small_spec(2, 2, 4, 64, 170, 900 + static_cast<uint64_t>(i)), 90, 13);
-    const CacheLayout& L = m.cache.layout();
-    ASSERT_TRUE(L.has_code_tier());
-    for (int l = 0; l < 2; ++l) {
-      ASSERT_TRUE(L.layer_has_code_tier(l));
-      for (int h = 0; h < 2; ++h) {
-        const int64_t n = m.cache.tier_tokens(l, h);
-        ASSERT_GT(n, 0) << "layer " << l << " head " << h;
-        const auto& hd = m.cache.layer(l).heads[static_cast<size_t>(h)];
-        ASSERT_EQ(hd.tier_key_gains.size(), static_cast<size_t>(n));  // fp16, whatever gain_bits says
-        ASSERT_EQ(hd.tier_value_codes.size(),
-                  static_cast<size_t>(n) * m.cache.codecs().tier_code_bytes(KvKind::kValue));
+    for (const char* centring : {"", ",tier_center=0"}) {  // version 6 (centred tier), version 5
+      const std::string spec = std::string(spec_head) + ",residual=5,recent=8,sinks=2" + centring;
+      SCOPED_TRACE(spec);
+      const Made m = make_tier_cache(spec, small_spec(2, 2, 4, 64, 170, 900 + static_cast<uint64_t>(i)), 90, 13);
+      const CacheLayout& L = m.cache.layout();
+      ASSERT_TRUE(L.has_code_tier());
+      for (int l = 0; l < 2; ++l) {
+        ASSERT_TRUE(L.layer_has_code_tier(l));
+        for (int h = 0; h < 2; ++h) {
+          const int64_t n = m.cache.tier_tokens(l, h);
+          ASSERT_GT(n, 0) << "layer " << l << " head " << h;
+          const auto& hd = m.cache.layer(l).heads[static_cast<size_t>(h)];
+          ASSERT_EQ(hd.tier_key_gains.size(), static_cast<size_t>(n));  // fp16, whatever gain_bits says
+          ASSERT_EQ(hd.tier_value_codes.size(),
+                    static_cast<size_t>(n) * m.cache.codecs().tier_code_bytes(KvKind::kValue));
+        }
       }
+      // Tier tokens from both chunks: some sit after a coded token of the second chunk's.
+      ASSERT_LT(m.cache.tier_positions(1, 0).front(), m.cache.positions(1, 0).back());
+      if (L.gain_bits == 8) {
+        ASSERT_FALSE(m.cache.layer(1).heads[0].key_gain_codes.empty());
+      }
+      if (L.per_head_positions) {
+        EXPECT_NE(m.cache.tier_positions(1, 0), m.cache.tier_positions(1, 1)) << "the heads' sets differ";
+      }
+      const auto bytes = ent::serialize(m.cache);
+      const auto info = ent::read_info(bytes.data(), bytes.size());
+      EXPECT_EQ(info.format_version, L.tier_centered ? 6 : 5);
+      EXPECT_EQ(L.tier_centered, *centring == '\0');
+      for (int l = 0; l < 2; ++l)
+        for (size_t s = 0; s < L.position_sets(); ++s)
+          EXPECT_EQ(info.layers[static_cast<size_t>(l)].tier_tokens[s], m.cache.tier_tokens(l, static_cast<int>(s)));
+      const CompressedKV back = deser(bytes);
+      EXPECT_EQ(test::cache_digest_v5(back), test::cache_digest_v5(m.cache));
+      round_trip(m.cache, ent::ContainerOptions{}, 900 + static_cast<uint64_t>(i));
+      for (int chunk : {1, 9, 40}) {
+        ent::ContainerOptions o;
+        o.chunk_tokens = chunk;
+        o.adaptive = chunk == 40;
+        round_trip(m.cache, o, 950 + static_cast<uint64_t>(i));
+      }
+      ++i;
     }
-    // Tier tokens from both chunks: some sit after a coded token of the second chunk's.
-    ASSERT_LT(m.cache.tier_positions(1, 0).front(), m.cache.positions(1, 0).back());
-    if (L.gain_bits == 8) {
-      ASSERT_FALSE(m.cache.layer(1).heads[0].key_gain_codes.empty());
-    }
-    if (L.per_head_positions) {
-      EXPECT_NE(m.cache.tier_positions(1, 0), m.cache.tier_positions(1, 1)) << "the heads' sets differ";
-    }
-    const auto bytes = ent::serialize(m.cache);
-    const auto info = ent::read_info(bytes.data(), bytes.size());
-    EXPECT_EQ(info.format_version, 5);
-    for (int l = 0; l < 2; ++l)
-      for (size_t s = 0; s < L.position_sets(); ++s)
-        EXPECT_EQ(info.layers[static_cast<size_t>(l)].tier_tokens[s], m.cache.tier_tokens(l, static_cast<int>(s)));
-    const CompressedKV back = deser(bytes);
-    EXPECT_EQ(test::cache_digest_v5(back), test::cache_digest_v5(m.cache));
-    round_trip(m.cache, ent::ContainerOptions{}, 900 + static_cast<uint64_t>(i));
-    for (int chunk : {1, 9, 40}) {
-      ent::ContainerOptions o;
-      o.chunk_tokens = chunk;
-      o.adaptive = chunk == 40;
-      round_trip(m.cache, o, 950 + static_cast<uint64_t>(i));
-    }
-    ++i;
   }
 }
 

@@ -119,9 +119,26 @@ inline std::string cache_digest_v5(const CompressedKV& cache) {
   return d.hex();
 }
 
+/// cache_digest_v5 plus what format version 6 adds to a layout: whether the code tier is centred
+/// and the RoPE frequency factors.
+inline std::string cache_digest_v6(const CompressedKV& cache) {
+  Digest d;
+  d.add_u64(static_cast<uint64_t>(cache.n_layers()));
+  for (int l = 0; l < cache.n_layers(); ++l) {
+    add_layer(d, cache.layer(l));
+    add_layer_v2(d, cache.layer(l));
+    add_layer_v5(d, cache.layer(l));
+  }
+  const CacheLayout& L = cache.layout();
+  d.add_u64(L.tier_centered ? 1 : 0);
+  d.add_vector(L.rope.freq_factors);
+  return d.hex();
+}
+
 /// The digest golden files of format `version` record (tests/data/golden.txt).
 inline std::string cache_digest_for_version(const CompressedKV& cache, int version) {
   if (version == 1) return cache_digest(cache);
+  if (version >= 6) return cache_digest_v6(cache);
   return version < 5 ? cache_digest_v2(cache) : cache_digest_v5(cache);
 }
 

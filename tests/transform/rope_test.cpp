@@ -343,6 +343,42 @@ TEST(Rope, LinearDividesEveryFrequencyByFactor) {
   }
 }
 
+// llama.cpp's rope_freqs: each pair's base inverse frequency divided by its factor, before any
+// scaling (linear and yarn scale every pair's frequency by the same rule either way).
+TEST(Rope, FrequencyFactorsDivideEachPair) {
+  RopeParams base;
+  base.head_dim = 64;
+  base.rotary_dim = 48;  // partial rotary: 24 pairs
+  RopeParams ff = base;
+  for (int i = 0; i < 24; ++i) ff.freq_factors.push_back(1.0f + 0.5f * static_cast<float>(i % 5));
+  const Rope a(base), b(ff);
+  for (size_t i = 0; i < a.inv_freq().size(); ++i)
+    EXPECT_NEAR(b.inv_freq()[i], a.inv_freq()[i] / ff.freq_factors[i], 1e-15 * a.inv_freq()[i]) << i;
+  RopeParams lin = ff, lin_base = base;
+  lin.scaling = lin_base.scaling = RopeScaling::kLinear;
+  lin.factor = lin_base.factor = 4.0;
+  const Rope c(lin), d(lin_base);
+  for (size_t i = 0; i < c.inv_freq().size(); ++i)
+    EXPECT_NEAR(c.inv_freq()[i], d.inv_freq()[i] / ff.freq_factors[i], 1e-15 * d.inv_freq()[i]) << i;
+  // Applying then removing is the identity up to rounding, and the channels past rotary_dim stay.
+  std::vector<float> x(64), y;
+  for (int i = 0; i < 64; ++i) x[size_t(i)] = std::sin(0.3f * static_cast<float>(i)) + 0.1f;
+  y = x;
+  b.apply(y.data(), 12345);
+  for (int i = 48; i < 64; ++i) EXPECT_EQ(y[size_t(i)], x[size_t(i)]);
+  b.remove(y.data(), 12345);
+  for (int i = 0; i < 64; ++i) EXPECT_NEAR(y[size_t(i)], x[size_t(i)], 1e-5);
+  // Pair i turns by position·inv_freq[i]: at position p with factor f, as position p/f without.
+  std::vector<float> u(64, 0.f), v(64, 0.f);
+  u[1] = v[1] = 1.f;  // pair 1 (split-half: channels 1 and 25)
+  b.apply(u.data(), 1000);
+  a.apply(v.data(), 1000);
+  const double turned = std::atan2(u[25], u[1]), unscaled = std::atan2(v[25], v[1]);
+  const double want = std::remainder(1000.0 * a.inv_freq()[1] / ff.freq_factors[1], 2 * M_PI);
+  EXPECT_NEAR(turned, want, 1e-5);
+  EXPECT_NE(turned, unscaled);
+}
+
 TEST(Rope, Llama3BandsFollowTheirRules) {
   // Llama-3.1 8B: theta 500000, head_dim 128, factor 8, low 1, high 4, original 8192.
   const RopeParams p = make(RopeLayout::kSplitHalf, RopeScaling::kLlama3, 128, 0);
@@ -587,6 +623,15 @@ TEST(Rope, InvalidParametersThrowNamingTheField) {
   p = RopeParams{};
   p.scaling = static_cast<RopeScaling>(9);
   expect_error(p, "scaling");
+  p = RopeParams{};
+  p.freq_factors.assign(63, 1.f);  // 64 pairs at head_dim 128
+  expect_error(p, "freq_factors");
+  p.freq_factors.assign(64, 1.f);
+  EXPECT_NO_THROW(Rope{p});
+  for (float bad : {0.f, -1.f, std::nanf(""), std::numeric_limits<float>::infinity()}) {
+    p.freq_factors[7] = bad;
+    expect_error(p, "freq_factors");
+  }
 
   for (RopeScaling s : {RopeScaling::kLinear, RopeScaling::kDynamicNtk, RopeScaling::kLlama3, RopeScaling::kYarn}) {
     p = make(RopeLayout::kSplitHalf, s, 128, 0);

@@ -62,15 +62,17 @@ class CacheCodecs {
   void decode(int layer, int head, KvKind kind, size_t n, const uint8_t* codes, const float* gains,
               const int32_t* positions, const HeadState& state, float* out) const;
   const transform::Rope& rope() const { return *rope_; }
-  /// Encodes n code-tier vectors of (layer, head, kind) given as fp16 rows (keys post-RoPE):
-  /// rotated by the same randomized Hadamard as the layer's codes, coded as they are (no RoPE
-  /// step, no centring, no channel scales: CacheLayout::tier_key_codec) with fp16 gains.
-  /// codes: n·tier_code_bytes(kind). Throws e8kv::Error without a code tier in `layer`.
-  void encode_tier(int layer, int head, KvKind kind, size_t n, const uint16_t* rows, uint8_t* codes,
-                   uint16_t* gains) const;
+  /// Encodes n code-tier vectors of (layer, head, kind) given as fp16 rows (keys post-RoPE at
+  /// `positions`): centred on `mean` when the layout's tier is (CacheLayout::tier_centered; keys
+  /// less R_t·μ, or μ post-RoPE, values less μ; `mean` must then be given), rotated by the same
+  /// randomized Hadamard as the layer's codes and coded (no RoPE step, no channel scales:
+  /// CacheLayout::tier_key_codec) with fp16 gains. codes: n·tier_code_bytes(kind). Throws
+  /// e8kv::Error without a code tier in `layer`, or without a mean for a centred tier.
+  void encode_tier(int layer, int head, KvKind kind, size_t n, const uint16_t* rows, const int32_t* positions,
+                   const float* mean, uint8_t* codes, uint16_t* gains) const;
   /// The inverse: n vectors in the engine's basis (keys post-RoPE), n·head_dim floats.
   void decode_tier(int layer, int head, KvKind kind, size_t n, const uint8_t* codes, const uint16_t* gains,
-                   float* out) const;
+                   const int32_t* positions, const float* mean, float* out) const;
 
   /// Encodes one post-RoPE key into codes + gain. Block codecs go through
   /// quant::encode_key_vector (the same function the GPU encode kernel runs, so codes are
@@ -110,6 +112,7 @@ class CacheCodecs {
 
  private:
   CacheCodecs(CacheLayout layout, const CacheCodecs* rope_source);
+  void tier_mean(KvKind kind, const float* mean, int32_t position, float* out) const;
   CacheLayout layout_;
   std::vector<quant::VectorQuantizer> key_q_, value_q_;
   std::vector<quant::VectorQuantizer> tier_q_;  // [kind]

@@ -32,6 +32,12 @@ struct CacheLayout {
   /// (layer_has_code_tier).
   quant::Codec tier_key_codec = quant::Codec::kFp16;
   quant::Codec tier_value_codec = quant::Codec::kFp16;
+  /// The code tier's vectors are centred on the head's means (Config::tier_center; format version
+  /// 6): a tier key is coded as k − R_t·μ (RoPE-residual frame) or k − μ (post-RoPE frame), a
+  /// tier value as v − μ_v, still without channel scales, and decodes with the means added back.
+  /// Only with a code tier, centring and a key frame other than pre (make_layout clears it
+  /// otherwise). False: the version-5 tier, uncentred.
+  bool tier_centered = false;
   quant::GainPolicy key_gain = quant::GainPolicy::kNormPreserving;
   quant::GainPolicy value_gain = quant::GainPolicy::kNormPreserving;
   float key_scale = 1.f;
@@ -71,11 +77,21 @@ struct CacheLayout {
   static constexpr size_t kLayerCodecBytes = 2;
   static constexpr size_t kLayerCountBytes = 16;
   static constexpr size_t kSetCountBytes = 16;
-  static constexpr size_t kSetTierCountBytes = 8;  ///< a set's tier token count (with a code tier)
+  static constexpr size_t kSetTierCountBytes = 8;  ///< a set's tier token count (format 5 and later)
   size_t position_sets() const { return per_head_positions ? static_cast<size_t>(n_kv_heads) : 1u; }
+  /// From format version 6 on, the record's variable part ends with the RoPE frequency factors:
+  /// a u16 count and that many f32 (rope.freq_factors).
+  static constexpr size_t kRopeFactorCountBytes = 2;
+  /// The container format version this layout is written in (its newest field or value; format
+  /// version 6 adds the centred code tier and the RoPE frequency factors).
+  uint16_t format_version() const;
   size_t descriptor_bytes() const {
-    const size_t per_set = kSetCountBytes + (has_code_tier() ? kSetTierCountBytes : 0);
-    return kLayoutRecordBytes + static_cast<size_t>(n_layers) * (kLayerCodecBytes + kLayerCountBytes + per_set * position_sets());
+    // Format versions 5 and later hold a tier token count per set (0 without a code tier).
+    const uint16_t version = format_version();
+    const size_t per_set = kSetCountBytes + (version >= 5 ? kSetTierCountBytes : 0);
+    const size_t rope_factors = version >= 6 ? kRopeFactorCountBytes + sizeof(float) * rope.freq_factors.size() : 0;
+    return kLayoutRecordBytes + rope_factors +
+           static_cast<size_t>(n_layers) * (kLayerCodecBytes + kLayerCountBytes + per_set * position_sets());
   }
   bool has_code_tier() const { return tier_key_codec != quant::Codec::kFp16 || tier_value_codec != quant::Codec::kFp16; }
   /// Whether layer `l` codes its promoted tokens in the tier: the layout has one, the layer's own

@@ -39,9 +39,10 @@ namespace e8kv::entropy {
 /// (key-frame byte value 2); version 4 pinned fp16 window tokens at any position (the fp16 tier,
 /// Config::fp16_tier), where older versions pinned only tokens before every other; version 5 the
 /// code tier (Config::code_tier: two layout bytes, a tier token count per position set, four
-/// streams per chunk). A cache is written at the lowest version that holds it, byte for byte as
-/// that version always wrote it.
-inline constexpr uint16_t kFormatVersion = 5;
+/// streams per chunk); version 6 the centred code tier (layout byte 23) and RoPE frequency
+/// factors (a count and the factors after the per-layer codec ids). A cache is written at the
+/// lowest version that holds it, byte for byte as that version always wrote it.
+inline constexpr uint16_t kFormatVersion = 6;
 /// The 8 magic bytes at offset 0: 0x8B 'E' '8' 'K' 'V' '\r' '\n' 0x1A (a high-bit byte and a
 /// CR LF pair detect 7-bit and text-mode mangling, like PNG's signature).
 inline constexpr std::array<uint8_t, 8> kMagic = {0x8B, 'E', '8', 'K', 'V', '\r', '\n', 0x1A};

@@ -10,6 +10,8 @@
 //   yarn     per-dimension ramp between extrapolation (unchanged) and interpolation (/factor),
 //            bounds from beta_fast/beta_slow rotations (floor/ceil, HF's "truncate" default), plus
 //            an attention factor (default 0.1·ln(factor) + 1)
+// with optional per-pair frequency factors (RopeParams::freq_factors, llama.cpp's rope_freqs)
+// dividing the default inverse frequencies before any scaling, as ggml_rope_ext divides them;
 // and both pairing layouts:
 //   kSplitHalf   (Llama/NeoX "rotate_half"): pairs (i, i + rotary_dim/2)
 //   kInterleaved (GPT-J):                     pairs (2i, 2i + 1)
@@ -174,6 +176,11 @@ class Rope {
                   "must be even and in [2, head_dim=" + std::to_string(p.head_dim) + "] (0 = head_dim)",
                   p.rotary_dim);
     require_param(std::isfinite(p.theta) && p.theta > 0.0, "theta", "must be finite and > 0", p.theta);
+    require_param(p.freq_factors.empty() || p.freq_factors.size() == static_cast<size_t>(p.rotary_dim / 2),
+                  "freq_factors", "must be empty or hold rotary_dim/2 = " + std::to_string(p.rotary_dim / 2) + " values",
+                  static_cast<int>(p.freq_factors.size()));
+    for (float f : p.freq_factors)
+      require_param(std::isfinite(f) && f > 0.f, "freq_factors", "must be finite and > 0", static_cast<double>(f));
     const bool known_scaling = p.scaling == RopeScaling::kNone || p.scaling == RopeScaling::kLinear ||
                                p.scaling == RopeScaling::kDynamicNtk || p.scaling == RopeScaling::kLlama3 ||
                                p.scaling == RopeScaling::kYarn;
@@ -204,9 +211,10 @@ class Rope {
     }
   }
 
-  /// HF's default formula for pair i with the given base.
+  /// HF's default formula for pair i with the given base, divided by the pair's frequency factor.
   double default_inv_freq(double base, int i) const {
-    return 1.0 / std::pow(base, static_cast<double>(2 * i) / static_cast<double>(params_.rotary_dim));
+    const double f = 1.0 / std::pow(base, static_cast<double>(2 * i) / static_cast<double>(params_.rotary_dim));
+    return params_.freq_factors.empty() ? f : f / static_cast<double>(params_.freq_factors[static_cast<size_t>(i)]);
   }
 
   void compute_inv_freq() {

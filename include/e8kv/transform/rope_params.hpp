@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 namespace e8kv::transform {
 
@@ -37,6 +38,11 @@ struct RopeParams {
   double low_freq_factor = 1.0, high_freq_factor = 4.0;  // llama3
   double beta_fast = 32.0, beta_slow = 1.0;              // yarn
   double attention_factor = 0.0;  // yarn: 0 = default 0.1*ln(factor)+1 (HF semantics)
+  /// Per rotary pair, a divisor of the pair's base inverse frequency, applied before any scaling
+  /// (llama.cpp's `rope_freqs` tensor: Llama-3.1+ bakes its frequency bands into it, LongRoPE
+  /// models their factors): inv_freq[i] = theta^(−2i/rotary_dim) / freq_factors[i]. Empty: none;
+  /// else rotary_dim/2 finite values > 0. Stored by the container from format version 6.
+  std::vector<float> freq_factors;
 };
 
 }  // namespace e8kv::transform
