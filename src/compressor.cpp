@@ -735,6 +735,25 @@ void KVCompressor::append(CompressedKV& cache, int layer, const float* k, const 
   write.commit(cache);
 }
 
+// LayerWrite's flush rule (layer_write.cpp) for one more unpinned token: a set flushes once its
+// unpinned window tokens reach residual_length + flush_block (before its first flush with
+// centring, mean_tokens if more).
+bool KVCompressor::append_flushes(const CompressedKV& cache, int layer) const {
+  check_cache(cache, "append_flushes");
+  const auto& ld = cache.layer(layer);
+  if (config_.fp16_sinks && ld.original_tokens < config_.sinks) return false;  // a sink: pinned, never coded
+  const CacheLayout& L = cache.layout();
+  const bool coded = L.key_codec[static_cast<size_t>(layer)] != quant::Codec::kFp16 ||
+                     L.value_codec[static_cast<size_t>(layer)] != quant::Codec::kFp16;
+  for (size_t s = 0; s < ld.positions.size(); ++s) {
+    const int64_t unpinned = static_cast<int64_t>(ld.window_positions[s].size()) - ld.pinned + 1;
+    int64_t threshold = static_cast<int64_t>(L.residual_length) + L.flush_block;
+    if (L.center && coded && ld.positions[s].empty()) threshold = std::max<int64_t>(threshold, L.mean_tokens);
+    if (unpinned >= threshold) return true;
+  }
+  return false;
+}
+
 void KVCompressor::attend(const CompressedKV& cache, int layer, const float* q, int32_t position, float* out) const {
   require(cache.valid() && cache.layout().n_layers == shape_.n_layers, "attend: the cache does not fit this compressor");
   const int64_t last = cache.last_position(layer);

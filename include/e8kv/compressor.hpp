@@ -69,6 +69,12 @@ class KVCompressor {
   /// everything before changing the cache (a throw leaves it as it was).
   void append(CompressedKV& cache, int layer, const float* k, const float* v, int32_t position) const;
 
+  /// Whether the next append() to `layer` codes window tokens (a flush: whole blocks of the fp16
+  /// window become codes). An engine that appends a batch of tokens before attending them attends
+  /// the tokens appended so far before such an append: each token then sees its predecessors as
+  /// decoding one token at a time shows them (attend.hpp's position bounds keep the later ones out).
+  bool append_flushes(const CompressedKV& cache, int layer) const;
+
   /// Decode attention for one new token at `position`: q is [n_q_heads * head_dim] post-RoPE; out
   /// receives softmax(scale·q·Kᵀ)·V over every token of `layer` in the cache, [n_q_heads * head_dim]
   /// (e8kv::attend, attention/attend.hpp, has the lse, batches and threads). Throws e8kv::Error

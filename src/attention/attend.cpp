@@ -97,24 +97,36 @@ void check_query(const float* q, size_t n, int n_q_heads, int d) {
 void resolve_bounds(const AttendRequest& a, attention::ResolvedRequest& r) {
   r.min_position = a.min_position;
   r.max_position = a.max_position;
+  if (a.token_max_positions != nullptr) {
+    // The request's bound is its latest token's; each token's own is applied per chunk.
+    r.token_max.assign(a.token_max_positions, a.token_max_positions + a.n_tokens);
+    int32_t latest = std::numeric_limits<int32_t>::min();
+    for (int32_t& m : r.token_max) {
+      m = std::min(m, a.max_position);
+      latest = std::max(latest, m);
+    }
+    r.max_position = latest;
+  }
   const attention::LayerPlan& p = r.plan;
   r.coded_end = p.coded;
   r.tier_end = p.tier;
-  if (a.min_position == std::numeric_limits<int32_t>::min() && a.max_position == std::numeric_limits<int32_t>::max())
+  if (r.min_position == std::numeric_limits<int32_t>::min() && r.max_position == std::numeric_limits<int32_t>::max())
     return;
   const CompressedKV& cache = *p.cache;
+  const int32_t earliest = r.token_max.empty() ? r.max_position : *std::min_element(r.token_max.begin(), r.token_max.end());
   for (int h = 0; h < p.H; ++h) {
     auto end_of = [&](const std::vector<int32_t>& run) {
-      return static_cast<int64_t>(std::upper_bound(run.begin(), run.end(), a.max_position) - run.begin());
+      return static_cast<int64_t>(std::upper_bound(run.begin(), run.end(), r.max_position) - run.begin());
     };
     const auto& coded = cache.positions(p.layer, h);
     const auto& tier = cache.tier_positions(p.layer, h);
     const auto& window = cache.window_positions(p.layer, h);
     r.coded_end[static_cast<size_t>(h)] = end_of(coded);
     r.tier_end[static_cast<size_t>(h)] = end_of(tier);
-    auto outside = [&](int32_t pos) { return pos < a.min_position || pos > a.max_position; };
-    const bool some_below = (!coded.empty() && coded.front() < a.min_position) ||
-                            (!tier.empty() && tier.front() < a.min_position);
+    // Outside some token's bounds (a stored token after the earliest token's bound is masked for it).
+    auto outside = [&](int32_t pos) { return pos < r.min_position || pos > earliest; };
+    const bool some_below = (!coded.empty() && (coded.front() < r.min_position || coded.back() > earliest)) ||
+                            (!tier.empty() && (tier.front() < r.min_position || tier.back() > earliest));
     r.bounded = r.bounded || some_below || std::any_of(window.begin(), window.end(), outside) ||
                 r.coded_end[static_cast<size_t>(h)] < p.coded[static_cast<size_t>(h)] ||
                 r.tier_end[static_cast<size_t>(h)] < p.tier[static_cast<size_t>(h)];

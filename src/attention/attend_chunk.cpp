@@ -207,10 +207,12 @@ void check_and_mask_logits(const ResolvedRequest& r, Segment segment, int64_t t_
                                                                   : ld.positions[set];
     for (int64_t t = 0; t < count[static_cast<size_t>(h)]; ++t) {
       const int32_t at = pos[static_cast<size_t>(t_begin + t)];
-      if (at >= r.min_position && at <= r.max_position) continue;
-      for (int token = 0; token < r.n_tokens; ++token)
+      if (at >= r.min_position && at <= r.max_position && r.token_max.empty()) continue;
+      for (int token = 0; token < r.n_tokens; ++token) {
+        if (at >= r.min_position && at <= r.max_for(token)) continue;
         for (int g = 0; g < G; ++g)
           s.logits[((static_cast<size_t>(token) * H + h) * G + g) * kChunkTokens + static_cast<size_t>(t)] = kNegInf;
+      }
     }
   }
 }

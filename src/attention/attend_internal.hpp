@@ -129,6 +129,10 @@ struct ResolvedRequest {
   bool bounded = false;
   int32_t min_position = std::numeric_limits<int32_t>::min();
   int32_t max_position = std::numeric_limits<int32_t>::max();
+  std::vector<int32_t> token_max;  // AttendRequest::token_max_positions (each within max_position), or empty
+  int32_t max_for(int token) const {
+    return token_max.empty() ? max_position : token_max[static_cast<size_t>(token)];
+  }
   std::vector<int64_t> coded_end, tier_end;
   int64_t chunks() const { return plan.coded_chunks + plan.tier_chunks + plan.window_chunks; }
   float* state(int64_t chunk, int token, int h, int g) {

@@ -61,6 +61,12 @@ struct AttendRequest {
   /// gives out = 0 and lse = −inf, as an empty layer does.
   int32_t min_position = std::numeric_limits<int32_t>::min();
   int32_t max_position = std::numeric_limits<int32_t>::max();
+  /// [n_tokens] or null: query token i attends only stored tokens at positions <= this (and
+  /// within the bounds above). A sequence's new tokens appended before they attend (a batch of a
+  /// later llama_decode call) each see only their predecessors, while sharing every tile's decode;
+  /// each token's result is bit-identical to attending a cache that holds nothing after it
+  /// (KVCompressor::append_flushes says when a batch must attend before appending more).
+  const int32_t* token_max_positions = nullptr;
 };
 
 /// Every request of the batch, work items spread over the executor. Each request's results are

@@ -1,0 +1,237 @@
+// Dense causal attention over uncompressed rows (include/e8kv/attention/dense.hpp), on the decode
+// attention's kernels (attend_kernels.hpp): a work item is a block of query tokens × one KV head;
+// it walks the rows the block can see in tiles, widens each tile's keys and values to floats once
+// for every token and query head of the block, and keeps a running softmax state per (token,
+// query head) that each tile's partial state merges into, in tile order.
+#include "e8kv/attention/dense.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "attention/attend_kernels.hpp"
+#include "detail/finite.hpp"
+#include "detail/require.hpp"
+#include "e8kv/error.hpp"
+#include "e8kv/numeric/cpu_features.hpp"
+#include "e8kv/parallel.hpp"
+
+namespace e8kv {
+namespace {
+
+constexpr int64_t kBlockTokens = 16;  // query tokens per work item
+constexpr int64_t kTileRows = 64;     // rows widened at once (a multiple of 8: the softmax pads to 8)
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+struct Job {
+  const DenseRows* kv;
+  int H, G, d, blocks;
+  float scale;
+  int32_t window;
+  int64_t row_stride;  // elements
+  size_t elem;         // bytes per element
+  const float* q;
+  const int32_t* qpos;
+  int64_t n_tokens;
+  float* out;
+  float* lse;
+};
+
+struct Scratch {
+  std::vector<float> k, v;       // [kTileRows][d]
+  std::vector<float> logits;     // [token][g][kTileRows]
+  std::vector<float> weights;    // [kTileRows][G]
+  std::vector<float> m, l, acc;  // [token][g], [token][g], [token][g][d]
+};
+
+/// Calls f(std::integral_constant<int, NG>) for the kernel group size of `remaining` heads.
+template <class F>
+int with_group(int remaining, F&& f) {
+  if (remaining >= 8) return f(std::integral_constant<int, 8>{}), 8;
+  if (remaining >= 4) return f(std::integral_constant<int, 4>{}), 4;
+  if (remaining == 3) return f(std::integral_constant<int, 3>{}), 3;
+  if (remaining == 2) return f(std::integral_constant<int, 2>{}), 2;
+  return f(std::integral_constant<int, 1>{}), 1;
+}
+
+template <class K>
+void widen_tile(const Job& j, const void* base, int64_t r0, int64_t n, int h, float* out) {
+  const auto* rows = static_cast<const uint8_t*>(base) + (static_cast<size_t>(r0 * j.row_stride) + static_cast<size_t>(h) * j.d) * j.elem;
+  const size_t stride = static_cast<size_t>(j.row_stride) * j.elem;
+  if (j.kv->dtype == DType::kF16)
+    K::decode_rows(typename K::Fp16RowDecoder{}, rows, stride, j.blocks, n, out);
+  else
+    K::decode_rows(typename K::Fp32RowDecoder{}, rows, stride, j.blocks, n, out);
+}
+
+template <class K>
+void run_block(const Job& j, int64_t block, int h, Scratch& s) {
+  const int G = j.G, d = j.d;
+  const int64_t t0 = block * kBlockTokens, t1 = std::min(j.n_tokens, t0 + kBlockTokens), nt = t1 - t0;
+  const int32_t* pos = j.kv->positions;
+  const int64_t n_rows = j.kv->n;
+  int32_t qmin = j.qpos[t0], qmax = j.qpos[t0];
+  for (int64_t t = t0; t < t1; ++t) {
+    qmin = std::min(qmin, j.qpos[t]);
+    qmax = std::max(qmax, j.qpos[t]);
+  }
+  const int64_t hi = std::upper_bound(pos, pos + n_rows, qmax) - pos;
+  int64_t lo = 0;
+  if (j.window > 0) {
+    const int64_t first_visible = static_cast<int64_t>(qmin) - j.window + 1;
+    lo = std::lower_bound(pos, pos + n_rows, first_visible, [](int32_t p, int64_t v) { return p < v; }) - pos;
+  }
+  const size_t heads = static_cast<size_t>(nt) * G;
+  s.m.assign(heads, kNegInf);
+  s.l.assign(heads, 0.f);
+  s.acc.assign(heads * d, 0.f);
+  s.k.resize(static_cast<size_t>(kTileRows) * d);
+  s.v.resize(static_cast<size_t>(kTileRows) * d);
+  s.logits.resize(heads * kTileRows);
+  s.weights.resize(static_cast<size_t>(kTileRows) * 8);
+  const size_t row_bytes = static_cast<size_t>(d) * sizeof(float);
+  const typename K::Fp32RowDecoder f32{};
+  for (int64_t r0 = lo; r0 < hi; r0 += kTileRows) {
+    const int64_t n = std::min(kTileRows, hi - r0);
+    widen_tile<K>(j, j.kv->keys, r0, n, h, s.k.data());
+    widen_tile<K>(j, j.kv->values, r0, n, h, s.v.data());
+    const auto* krows = reinterpret_cast<const uint8_t*>(s.k.data());
+    const auto* vrows = reinterpret_cast<const uint8_t*>(s.v.data());
+    for (int64_t t = t0; t < t1; ++t) {
+      const int32_t qp = j.qpos[t];
+      const int64_t first = j.window > 0 ? static_cast<int64_t>(qp) - j.window + 1 : std::numeric_limits<int64_t>::min();
+      const float* qt = j.q + (static_cast<size_t>(t) * j.H * G + static_cast<size_t>(h) * G) * d;
+      float* lg = s.logits.data() + static_cast<size_t>(t - t0) * G * kTileRows;
+      for (int g0 = 0; g0 < G;) {
+        g0 += with_group(G - g0, [&](auto ng) {
+          constexpr int NG = decltype(ng)::value;
+          K::template dot_rows<NG>(f32, krows, row_bytes, j.blocks, qt + static_cast<size_t>(g0) * d, n,
+                                   lg + static_cast<size_t>(g0) * kTileRows, kTileRows);
+        });
+      }
+      for (int g = 0; g < G; ++g) {
+        float* row = lg + static_cast<size_t>(g) * kTileRows;
+        for (int64_t r = 0; r < n; ++r) {
+          const int32_t p = pos[r0 + r];
+          if (p > qp || p < first) {
+            row[r] = kNegInf;
+            continue;
+          }
+          row[r] *= j.scale;
+          if (!std::isfinite(row[r]))
+            detail::fail("dense_attention: the scores of query token {} (query head {}) overflow the float range",
+                         t, h * G + g);
+        }
+        for (int64_t r = n; r < kTileRows; ++r) row[r] = kNegInf;
+      }
+      // The tile's softmax per query head, merged into the running state; then its value sums.
+      float* acc = s.acc.data() + static_cast<size_t>(t - t0) * G * d;
+      for (int g0 = 0; g0 < G;) {
+        g0 += with_group(G - g0, [&](auto ng) {
+          constexpr int NG = decltype(ng)::value;
+          bool any = false;
+          for (int g = g0; g < g0 + NG; ++g) {
+            float* row = lg + static_cast<size_t>(g) * kTileRows;
+            const size_t k = static_cast<size_t>(t - t0) * G + static_cast<size_t>(g);
+            float mt = kNegInf, st = 0.f;
+            K::softmax_row(row, kTileRows, &mt, &st);
+            float b = 0.f;
+            if (mt > kNegInf) {
+              const float m2 = std::max(s.m[k], mt);
+              const float a = s.m[k] == kNegInf ? 0.f : std::exp(s.m[k] - m2);
+              b = std::exp(mt - m2);
+              s.l[k] = s.l[k] * a + st * b;
+              s.m[k] = m2;
+              float* ag = acc + static_cast<size_t>(g) * d;
+              if (a != 1.f)
+                for (int i = 0; i < d; ++i) ag[i] *= a;
+              any = true;
+            }
+            for (int64_t r = 0; r < n; ++r) s.weights[static_cast<size_t>(r) * NG + static_cast<size_t>(g - g0)] = row[r] * b;
+          }
+          if (any)
+            K::template accumulate_rows<NG>(f32, vrows, row_bytes, j.blocks, s.weights.data(), n,
+                                            acc + static_cast<size_t>(g0) * d);
+        });
+      }
+    }
+  }
+  for (int64_t t = t0; t < t1; ++t)
+    for (int g = 0; g < G; ++g) {
+      const size_t k = static_cast<size_t>(t - t0) * G + static_cast<size_t>(g);
+      const size_t qh = static_cast<size_t>(h) * G + static_cast<size_t>(g);
+      float* o = j.out + (static_cast<size_t>(t) * j.H * G + qh) * d;
+      const float* a = s.acc.data() + k * d;
+      if (!(s.l[k] > 0.f)) {
+        std::fill(o, o + d, 0.f);
+        if (j.lse) j.lse[static_cast<size_t>(t) * j.H * G + qh] = kNegInf;
+        continue;
+      }
+      const float inv = 1.f / s.l[k];
+      for (int i = 0; i < d; ++i) o[i] = a[i] * inv;
+      if (j.lse) j.lse[static_cast<size_t>(t) * j.H * G + qh] = s.m[k] + std::log(s.l[k]);
+    }
+}
+
+void check_rows_finite(const DenseRows& kv, int64_t row_stride, int64_t width) {
+  for (int64_t r = 0; r < kv.n; ++r) {
+    for (const void* base : {kv.keys, kv.values}) {
+      if (kv.dtype == DType::kF16) {
+        const auto* x = static_cast<const uint16_t*>(base) + r * row_stride;
+        for (int64_t i = 0; i < width; ++i)
+          if ((x[i] & 0x7C00u) == 0x7C00u)
+            detail::fail("dense_attention: non-finite {} at row {}, element {}", base == kv.keys ? "key" : "value", r, i);
+      } else {
+        const auto* x = static_cast<const float*>(base) + r * row_stride;
+        const size_t i = detail::first_non_finite(x, static_cast<size_t>(width));
+        if (i < static_cast<size_t>(width))
+          detail::fail("dense_attention: non-finite {} at row {}, element {}", base == kv.keys ? "key" : "value", r, i);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void dense_attention(const DenseRows& kv, const DenseShape& shape, const float* q, const int32_t* q_positions,
+                     int64_t n_tokens, float* out, float* lse, const AttendOptions& options) {
+  const int H = shape.n_kv_heads, Q = shape.n_q_heads, d = shape.head_dim;
+  detail::require(H >= 1 && Q >= H && Q % H == 0, "dense_attention: n_q_heads {} must be a positive multiple of n_kv_heads {}",
+                  Q, H);
+  detail::require(d >= 16 && d <= 1024 && d % 16 == 0, "dense_attention: head_dim {} must be a multiple of 16 in [16, 1024]", d);
+  detail::require(kv.dtype == DType::kF16 || kv.dtype == DType::kF32, "dense_attention: rows must be f16 or f32, got {}",
+                  to_string(kv.dtype));
+  detail::require(n_tokens >= 0 && kv.n >= 0, "dense_attention: negative counts (tokens {}, rows {})", n_tokens, kv.n);
+  detail::require(shape.window >= 0, "dense_attention: window must be >= 0, got {}", shape.window);
+  if (n_tokens == 0) return;
+  detail::require(q != nullptr && q_positions != nullptr && out != nullptr, "dense_attention: q, q_positions and out must not be null");
+  const int64_t width = static_cast<int64_t>(H) * d;
+  const int64_t row_stride = kv.row_stride == 0 ? width : kv.row_stride;
+  detail::require(row_stride >= width, "dense_attention: row_stride {} is below n_kv_heads·head_dim {}", row_stride, width);
+  if (kv.n > 0) {
+    detail::require(kv.keys != nullptr && kv.values != nullptr && kv.positions != nullptr,
+                    "dense_attention: keys, values and positions must not be null");
+    for (int64_t r = 1; r < kv.n; ++r)
+      detail::require(kv.positions[r] > kv.positions[r - 1], "dense_attention: row positions must be strictly ascending "
+                      "(row {}: {} after {})", r, kv.positions[r], kv.positions[r - 1]);
+    check_rows_finite(kv, row_stride, width);
+  }
+  const size_t i = detail::first_non_finite(q, static_cast<size_t>(n_tokens) * Q * d);
+  if (i < static_cast<size_t>(n_tokens) * Q * d)
+    detail::fail("dense_attention: non-finite query value at token {}, query head {}, element {}",
+                 i / (static_cast<size_t>(Q) * d), i / d % Q, i % d);
+  Job j{&kv, H, Q / H, d, d / 8, shape.scale > 0.f ? shape.scale : 1.f / std::sqrt(static_cast<float>(d)), shape.window,
+        row_stride, kv.dtype == DType::kF16 ? sizeof(uint16_t) : sizeof(float), q, q_positions, n_tokens, out, lse};
+  const int64_t n_blocks = (n_tokens + kBlockTokens - 1) / kBlockTokens;
+  run_tasks(options.executor, n_blocks * H, [&](int64_t item) {
+    thread_local Scratch s;
+#if E8KV_HOST_AVX2_DISPATCH
+    if (cpu_has_avx2_fma()) return run_block<attention::kernels::KernelsAvx2Fma>(j, item / H, static_cast<int>(item % H), s);
+#endif
+    run_block<attention::kernels::KernelsPortable>(j, item / H, static_cast<int>(item % H), s);
+  });
+}
+
+}  // namespace e8kv

@@ -1,0 +1,129 @@
+// Appending a batch of tokens and attending them together, as an engine's later decode call does:
+// KVCompressor::append_flushes predicts every flush, and a batch attended in segments that end
+// before a flushing append, each token bounded by its own position (token_max_positions), gives
+// every token exactly what appending and attending one token at a time gives it, bit for bit.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "e8kv/attention/attend.hpp"
+#include "e8kv/compressor.hpp"
+#include "testing/kv_fixture.hpp"
+
+namespace e8kv {
+namespace {
+
+constexpr uint64_t kSeed = 771;
+constexpr int kPrefill = 70, kAppended = 150;
+
+synth::SyntheticSpec spec() {
+  synth::SyntheticSpec s;
+  s.n_layers = 2;
+  s.n_kv_heads = 2;
+  s.n_q_heads = 6;
+  s.head_dim = 64;
+  s.tokens = kPrefill + kAppended;
+  s.obs_window = kAppended;  // a query for every appended token (the fixture's last obs_window)
+  s.seed = kSeed;
+  return s;
+}
+
+// The prefill: the fixture's first kPrefill tokens.
+SequenceKV prefix(const testkit::Fixture& f, int n) {
+  SequenceKV kv;
+  for (size_t l = 0; l < f.seq.layers.size(); ++l) {
+    LayerKV x;
+    x.keys = TensorView::nhd(f.data.keys[l].data(), DType::kF32, n, f.shape.n_kv_heads, f.shape.head_dim);
+    x.values = TensorView::nhd(f.data.values[l].data(), DType::kF32, n, f.shape.n_kv_heads, f.shape.head_dim);
+    kv.layers.push_back(x);
+  }
+  kv.positions = f.data.positions.data();
+  return kv;
+}
+
+const float* row(const std::vector<float>& x, int t, int width) { return x.data() + static_cast<size_t>(t) * width; }
+
+const char* kSpecs[] = {"preset=quant-k3v2", "preset=tier-k3v2", "preset=quant-k2v2,per_head=1", "preset=lossless",
+                        "preset=quant-k4v4,residual=0,flush=4", "preset=high,sinks=80"};
+
+TEST(AppendFlushes, PredictsEveryFlush) {
+  const testkit::Fixture f(spec());
+  const int width = f.shape.n_kv_heads * f.shape.head_dim;
+  for (const char* s : kSpecs) {
+    SCOPED_TRACE(s);
+    const KVCompressor c(f.shape, Config::parse(s));
+    for (int prefill : {1, 3, kPrefill}) {
+      CompressedKV cache = c.compress(prefix(f, prefill), &f.queries);
+      int flushes = 0;
+      for (int t = prefill; t < prefill + kAppended; ++t)
+        for (int l = 0; l < f.shape.n_layers; ++l) {
+          const bool predicted = c.append_flushes(cache, l);
+          const int64_t before = cache.coded_tokens(l, 1);
+          c.append(cache, l, row(f.data.keys[static_cast<size_t>(l)], t, width),
+                   row(f.data.values[static_cast<size_t>(l)], t, width), t);
+          ASSERT_EQ(predicted, cache.coded_tokens(l, 1) != before) << "prefill " << prefill << " token " << t << " layer " << l;
+          flushes += predicted;
+        }
+      EXPECT_GT(flushes, 0);
+    }
+  }
+}
+
+TEST(AppendFlushes, BatchAttendedInSegmentsEqualsTokenByToken) {
+  std::printf("seed %llu, %d-token prefill, %d appended tokens\n", static_cast<unsigned long long>(kSeed), kPrefill,
+              kAppended);
+  const testkit::Fixture f(spec());
+  const int width = f.shape.n_kv_heads * f.shape.head_dim, qwidth = f.shape.n_q_heads * f.shape.head_dim;
+  for (const char* s : kSpecs) {
+    SCOPED_TRACE(s);
+    const KVCompressor c(f.shape, Config::parse(s));
+    const CompressedKV start = c.compress(prefix(f, kPrefill), &f.queries);
+    for (int l = 0; l < f.shape.n_layers; ++l) {
+      const auto& K = f.data.keys[static_cast<size_t>(l)];
+      const auto& V = f.data.values[static_cast<size_t>(l)];
+      // One token at a time: append, then attend.
+      CompressedKV one = start;
+      std::vector<float> want(static_cast<size_t>(kAppended) * qwidth), want_lse(static_cast<size_t>(kAppended) * f.shape.n_q_heads);
+      for (int i = 0; i < kAppended; ++i) {
+        const int t = kPrefill + i;
+        c.append(one, l, row(K, t, width), row(V, t, width), t);
+        attend(one, l, f.query(l, i), &want[static_cast<size_t>(i) * qwidth], &want_lse[static_cast<size_t>(i) * f.shape.n_q_heads]);
+      }
+      // The batch: appended in order; before an append that flushes, the tokens appended since the
+      // last such point attend in one request, each bounded by its own position.
+      CompressedKV batch = start;
+      std::vector<float> got(want.size(), -1.f), got_lse(want_lse.size(), -1.f);
+      std::vector<int32_t> positions;
+      int segment = 0, segments = 0;
+      auto attend_segment = [&](int end) {
+        if (end == segment) return;
+        AttendRequest r;
+        r.cache = &batch;
+        r.layer = l;
+        r.n_tokens = end - segment;
+        r.q = f.query(l, segment);
+        r.out = &got[static_cast<size_t>(segment) * qwidth];
+        r.lse = &got_lse[static_cast<size_t>(segment) * f.shape.n_q_heads];
+        r.token_max_positions = positions.data() + segment;
+        attend_batch({r});
+        segment = end;
+        ++segments;
+      };
+      for (int i = 0; i < kAppended; ++i) {
+        if (c.append_flushes(batch, l)) attend_segment(i);
+        const int t = kPrefill + i;
+        c.append(batch, l, row(K, t, width), row(V, t, width), t);
+        positions.push_back(t);
+      }
+      attend_segment(kAppended);
+      EXPECT_GT(segments, 1);
+      for (size_t k = 0; k < want.size(); ++k) ASSERT_EQ(got[k], want[k]) << "layer " << l << " element " << k;
+      EXPECT_EQ(got_lse, want_lse);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace e8kv
