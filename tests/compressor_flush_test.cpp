@@ -1,10 +1,12 @@
 // Appending a batch of tokens and attending them together, as an engine's later decode call does:
 // KVCompressor::append_flushes predicts every flush, and a batch attended in segments that end
 // before a flushing append, each token bounded by its own position (token_max_positions), gives
-// every token exactly what appending and attending one token at a time gives it, bit for bit.
+// every token exactly what appending and attending one token at a time gives it, bit for bit;
+// with a sliding window too (each token's own lower bound, token_min_positions).
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -80,7 +82,10 @@ TEST(AppendFlushes, BatchAttendedInSegmentsEqualsTokenByToken) {
     SCOPED_TRACE(s);
     const KVCompressor c(f.shape, Config::parse(s));
     const CompressedKV start = c.compress(prefix(f, kPrefill), &f.queries);
+    for (int32_t window : {0, 40})
     for (int l = 0; l < f.shape.n_layers; ++l) {
+      SCOPED_TRACE("window " + std::to_string(window));
+      auto lowest = [&](int32_t t) { return window > 0 ? t - window + 1 : std::numeric_limits<int32_t>::min(); };
       const auto& K = f.data.keys[static_cast<size_t>(l)];
       const auto& V = f.data.values[static_cast<size_t>(l)];
       // One token at a time: append, then attend.
@@ -89,13 +94,20 @@ TEST(AppendFlushes, BatchAttendedInSegmentsEqualsTokenByToken) {
       for (int i = 0; i < kAppended; ++i) {
         const int t = kPrefill + i;
         c.append(one, l, row(K, t, width), row(V, t, width), t);
-        attend(one, l, f.query(l, i), &want[static_cast<size_t>(i) * qwidth], &want_lse[static_cast<size_t>(i) * f.shape.n_q_heads]);
+        AttendRequest r;
+        r.cache = &one;
+        r.layer = l;
+        r.q = f.query(l, i);
+        r.out = &want[static_cast<size_t>(i) * qwidth];
+        r.lse = &want_lse[static_cast<size_t>(i) * f.shape.n_q_heads];
+        r.min_position = lowest(t);
+        attend_batch({r});
       }
       // The batch: appended in order; before an append that flushes, the tokens appended since the
       // last such point attend in one request, each bounded by its own position.
       CompressedKV batch = start;
       std::vector<float> got(want.size(), -1.f), got_lse(want_lse.size(), -1.f);
-      std::vector<int32_t> positions;
+      std::vector<int32_t> positions, lows;
       int segment = 0, segments = 0;
       auto attend_segment = [&](int end) {
         if (end == segment) return;
@@ -107,6 +119,7 @@ TEST(AppendFlushes, BatchAttendedInSegmentsEqualsTokenByToken) {
         r.out = &got[static_cast<size_t>(segment) * qwidth];
         r.lse = &got_lse[static_cast<size_t>(segment) * f.shape.n_q_heads];
         r.token_max_positions = positions.data() + segment;
+        if (window > 0) r.token_min_positions = lows.data() + segment;
         attend_batch({r});
         segment = end;
         ++segments;
@@ -116,6 +129,7 @@ TEST(AppendFlushes, BatchAttendedInSegmentsEqualsTokenByToken) {
         const int t = kPrefill + i;
         c.append(batch, l, row(K, t, width), row(V, t, width), t);
         positions.push_back(t);
+        lows.push_back(lowest(t));
       }
       attend_segment(kAppended);
       EXPECT_GT(segments, 1);

@@ -97,23 +97,26 @@ void check_query(const float* q, size_t n, int n_q_heads, int d) {
 void resolve_bounds(const AttendRequest& a, attention::ResolvedRequest& r) {
   r.min_position = a.min_position;
   r.max_position = a.max_position;
-  if (a.token_max_positions != nullptr) {
-    // The request's bound is its latest token's; each token's own is applied per chunk.
-    r.token_max.assign(a.token_max_positions, a.token_max_positions + a.n_tokens);
-    int32_t latest = std::numeric_limits<int32_t>::min();
-    for (int32_t& m : r.token_max) {
-      m = std::min(m, a.max_position);
-      latest = std::max(latest, m);
+  const bool per_token = a.token_min_positions != nullptr || a.token_max_positions != nullptr;
+  if (per_token) {
+    // Each token's bounds within the request's; the request's become their hull (what a chunk
+    // reads), each token's own are applied per chunk.
+    r.token_min.assign(static_cast<size_t>(a.n_tokens), a.min_position);
+    r.token_max.assign(static_cast<size_t>(a.n_tokens), a.max_position);
+    for (int t = 0; t < a.n_tokens; ++t) {
+      if (a.token_min_positions) r.token_min[static_cast<size_t>(t)] = std::max(a.min_position, a.token_min_positions[t]);
+      if (a.token_max_positions) r.token_max[static_cast<size_t>(t)] = std::min(a.max_position, a.token_max_positions[t]);
     }
-    r.max_position = latest;
+    r.min_position = *std::min_element(r.token_min.begin(), r.token_min.end());
+    r.max_position = *std::max_element(r.token_max.begin(), r.token_max.end());
   }
   const attention::LayerPlan& p = r.plan;
   r.coded_end = p.coded;
   r.tier_end = p.tier;
   if (r.min_position == std::numeric_limits<int32_t>::min() && r.max_position == std::numeric_limits<int32_t>::max())
     return;
+  r.bounded = per_token;  // tokens' own bounds are applied in every chunk
   const CompressedKV& cache = *p.cache;
-  const int32_t earliest = r.token_max.empty() ? r.max_position : *std::min_element(r.token_max.begin(), r.token_max.end());
   for (int h = 0; h < p.H; ++h) {
     auto end_of = [&](const std::vector<int32_t>& run) {
       return static_cast<int64_t>(std::upper_bound(run.begin(), run.end(), r.max_position) - run.begin());
@@ -123,10 +126,9 @@ void resolve_bounds(const AttendRequest& a, attention::ResolvedRequest& r) {
     const auto& window = cache.window_positions(p.layer, h);
     r.coded_end[static_cast<size_t>(h)] = end_of(coded);
     r.tier_end[static_cast<size_t>(h)] = end_of(tier);
-    // Outside some token's bounds (a stored token after the earliest token's bound is masked for it).
-    auto outside = [&](int32_t pos) { return pos < r.min_position || pos > earliest; };
-    const bool some_below = (!coded.empty() && (coded.front() < r.min_position || coded.back() > earliest)) ||
-                            (!tier.empty() && (tier.front() < r.min_position || tier.back() > earliest));
+    auto outside = [&](int32_t pos) { return pos < r.min_position || pos > r.max_position; };
+    const bool some_below = (!coded.empty() && coded.front() < r.min_position) ||
+                            (!tier.empty() && tier.front() < r.min_position);
     r.bounded = r.bounded || some_below || std::any_of(window.begin(), window.end(), outside) ||
                 r.coded_end[static_cast<size_t>(h)] < p.coded[static_cast<size_t>(h)] ||
                 r.tier_end[static_cast<size_t>(h)] < p.tier[static_cast<size_t>(h)];

@@ -209,7 +209,7 @@ void check_and_mask_logits(const ResolvedRequest& r, Segment segment, int64_t t_
       const int32_t at = pos[static_cast<size_t>(t_begin + t)];
       if (at >= r.min_position && at <= r.max_position && r.token_max.empty()) continue;
       for (int token = 0; token < r.n_tokens; ++token) {
-        if (at >= r.min_position && at <= r.max_for(token)) continue;
+        if (at >= r.min_for(token) && at <= r.max_for(token)) continue;
         for (int g = 0; g < G; ++g)
           s.logits[((static_cast<size_t>(token) * H + h) * G + g) * kChunkTokens + static_cast<size_t>(t)] = kNegInf;
       }

@@ -129,7 +129,12 @@ struct ResolvedRequest {
   bool bounded = false;
   int32_t min_position = std::numeric_limits<int32_t>::min();
   int32_t max_position = std::numeric_limits<int32_t>::max();
-  std::vector<int32_t> token_max;  // AttendRequest::token_max_positions (each within max_position), or empty
+  // AttendRequest::token_min_positions / token_max_positions (each within the request's bounds,
+  // which then hold their hull), or empty.
+  std::vector<int32_t> token_min, token_max;
+  int32_t min_for(int token) const {
+    return token_min.empty() ? min_position : token_min[static_cast<size_t>(token)];
+  }
   int32_t max_for(int token) const {
     return token_max.empty() ? max_position : token_max[static_cast<size_t>(token)];
   }

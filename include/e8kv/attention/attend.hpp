@@ -67,6 +67,9 @@ struct AttendRequest {
   /// each token's result is bit-identical to attending a cache that holds nothing after it
   /// (KVCompressor::append_flushes says when a batch must attend before appending more).
   const int32_t* token_max_positions = nullptr;
+  /// [n_tokens] or null: query token i attends only stored tokens at positions >= this (and within
+  /// the bounds above): each token's own sliding window.
+  const int32_t* token_min_positions = nullptr;
 };
 
 /// Every request of the batch, work items spread over the executor. Each request's results are

@@ -1,118 +1,57 @@
 // e8kv's attention inside llama.cpp's graph: one ggml custom op per layer, run on llama.cpp's
-// threads. A prompt's tokens attend the staged fp16 prompt densely (causal); every later token
-// is appended to the compressed cache and attends its codes right after (e8kv::attend), token by
-// token in batch order, so a batch gives what single-token decoding gives.
+// threads (OpGang). A prompt chunk's tokens attend their own staged rows densely (e8kv's dense
+// attention: causal, the layer's window) merged with the codes of the chunks before them; the
+// tokens of a later call are appended to the codes and attend them in segments that end before
+// an append that flushes, each token bounded by its own position: what decoding them one at a
+// time gives, bit for bit, with every tile of codes decoded once per segment.
 #include <algorithm>
 #include <cmath>
 #include <exception>
 #include <limits>
-#include <thread>
 
 #include "e8kv/attention/attend.hpp"
+#include "e8kv/attention/dense.hpp"
 #include "e8kv/numeric/half.hpp"
-#include "e8kv_memory_impl.hpp"
+#include "e8kv_memory.hpp"
 #include "ggml.h"
 #include "llama-e8kv-memory.h"
 #include "llama-impl.h"
+#include "llama-model.h"
 
 namespace e8kv_llama {
-
-void SpinBarrier::wait(int n) {
-  const unsigned generation = generation_.load(std::memory_order_acquire);
-  if (count_.fetch_add(1, std::memory_order_acq_rel) + 1 == n) {
-    count_.store(0, std::memory_order_relaxed);
-    generation_.fetch_add(1, std::memory_order_release);
-    return;
-  }
-  // Spin briefly (the other threads are usually microseconds away), then yield the core.
-  for (int spins = 0; generation_.load(std::memory_order_acquire) == generation; ++spins)
-    if (spins > 512) std::this_thread::yield();
-}
-
-void OpGang::begin(int n_threads) {
-  n_threads_ = n_threads < 1 ? 1 : n_threads;
-  stop_.store(false, std::memory_order_relaxed);
-  job_ = nullptr;
-  error_.clear();
-}
-
-void OpGang::end() {
-  if (n_threads_ <= 1) return;
-  stop_.store(true, std::memory_order_relaxed);
-  barrier_.wait(n_threads_);  // the workers see stop_ and leave the op
-}
-
-void OpGang::worker(int n_threads) {
-  for (;;) {
-    barrier_.wait(n_threads);  // a job (or stop) published by thread 0
-    if (stop_.load(std::memory_order_relaxed)) return;
-    work();
-    barrier_.wait(n_threads);  // job done
-  }
-}
-
-void OpGang::work() {
-  for (;;) {
-    const int64_t i = next_.fetch_add(1, std::memory_order_relaxed);
-    if (i >= n_) return;
-    try {
-      (*job_)(i);
-    } catch (const std::exception& e) {
-      std::lock_guard<std::mutex> lock(error_mutex_);
-      if (error_.empty()) error_ = e.what();
-    }
-  }
-}
-
-void OpGang::run(int64_t n, const std::function<void(int64_t)>& fn) {
-  if (n_threads_ <= 1 || n <= 1) {
-    for (int64_t i = 0; i < n; ++i) fn(i);
-    return;
-  }
-  job_ = &fn;
-  n_ = n;
-  next_.store(0, std::memory_order_relaxed);
-  barrier_.wait(n_threads_);
-  work();
-  barrier_.wait(n_threads_);
-  job_ = nullptr;
-  if (!error_.empty()) {
-    std::string e;
-    e.swap(error_);
-    throw e8kv::Error(e);
-  }
-}
 
 namespace {
 
 void attention_op(ggml_tensor* dst, int ith, int nth, void* userdata) {
   auto* op = static_cast<LayerOp*>(userdata);
-  op->memory->run_layer(op->layer, dst, ith, nth);
-}
-
-// q·k with eight partial sums (head_dim is a multiple of 8 for every shape e8kv accepts): the
-// compiler vectorizes independent sums, not one serial float reduction.
-float dot8(const float* a, const float* b, int d) {
-  float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  for (int i = 0; i < d; i += 8)
-    for (int l = 0; l < 8; ++l) s[l] += a[i + l] * b[i + l];
-  return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+  op->memory->run_layer(*op->context, op->layer, dst, ith, nth);
 }
 
 const float* row(const ggml_tensor* t, int64_t token) {
   return reinterpret_cast<const float*>(static_cast<const char*>(t->data) + token * t->nb[2]);
 }
 
+float* out_row(ggml_tensor* dst, int64_t token) {
+  return reinterpret_cast<float*>(static_cast<char*>(dst->data) + token * dst->nb[1]);
+}
+
+// The first non-finite value of a key or value row, as an error naming the position.
+void check_finite(const float* k, const float* v, size_t n, int32_t pos) {
+  for (size_t i = 0; i < n; ++i)
+    if (!std::isfinite(k[i]) || !std::isfinite(v[i]))
+      throw e8kv::Error("a key or value of position " + std::to_string(pos) + " is not finite");
+}
+
 }  // namespace
 
-void Memory::run_layer(int il, ggml_tensor* dst, int ith, int nth) {
+void Memory::run_layer(const MemoryContext& context, int il, ggml_tensor* dst, int ith, int nth) {
   if (ith != 0) {
     gang_.worker(nth);
     return;
   }
   gang_.begin(nth);
   try {
-    attend_layer(il, dst->src[0], dst->src[1], dst->src[2], dst);
+    attend_layer(context, il, dst->src[0], dst->src[1], dst->src[2], dst);
   } catch (const std::exception& e) {
     record_error("layer " + std::to_string(il) + ": " + e.what());
   } catch (...) {
@@ -126,124 +65,148 @@ void Memory::record_error(const std::string& message) {
   if (error_.empty()) error_ = message;
 }
 
-void Memory::attend_layer(int il, const ggml_tensor* q, const ggml_tensor* k, const ggml_tensor* v, ggml_tensor* dst) {
-  if (ubatch_ == nullptr) throw e8kv::Error("e8kv attention ran without a ubatch applied");
-  const int d = shape_.head_dim, n_q = shape_.n_q_heads, n_kv = shape_.n_kv_heads;
+void Memory::attend_layer(const MemoryContext& context, int il, const ggml_tensor* q, const ggml_tensor* k,
+                          const ggml_tensor* v, ggml_tensor* dst) {
+  const llama_ubatch* ub = context.applied();
+  if (ub == nullptr) throw e8kv::Error("e8kv attention ran without a ubatch applied");
+  const int d = layers_.head_dim, n_q = layers_.n_q_heads, n_kv = layers_.n_kv_heads;
   const int64_t n_tokens = q->ne[2];
   if (q->type != GGML_TYPE_F32 || k->type != GGML_TYPE_F32 || v->type != GGML_TYPE_F32 || q->ne[0] != d ||
       q->ne[1] != n_q || k->ne[0] != d || k->ne[1] != n_kv || v->ne[0] != d || v->ne[1] != n_kv ||
-      k->ne[2] != n_tokens || v->ne[2] != n_tokens || n_tokens != static_cast<int64_t>(ubatch_->n_tokens))
+      k->ne[2] != n_tokens || v->ne[2] != n_tokens || n_tokens != static_cast<int64_t>(ub->n_tokens))
     throw e8kv::Error("e8kv attention: unexpected q/k/v tensors for the ubatch");
-  const size_t qrow = static_cast<size_t>(n_q) * static_cast<size_t>(d);
-  for (const TokenGroup& g : groups_) {
-    SequenceState& s = seqs_[static_cast<size_t>(g.seq)];
-    if (g.prompt) {
-      auto& K = s.prompt_k[static_cast<size_t>(il)];
-      auto& V = s.prompt_v[static_cast<size_t>(il)];
-      auto& P = s.prompt_pos[static_cast<size_t>(il)];
-      auto& O = s.obs_q[static_cast<size_t>(il)];
-      auto& OP = s.obs_pos[static_cast<size_t>(il)];
-      const size_t kvrow = static_cast<size_t>(n_kv) * static_cast<size_t>(d);
-      for (int32_t t : g.tokens) {
-        const float* kr = row(k, t);
-        const float* vr = row(v, t);
-        for (size_t i = 0; i < kvrow; ++i) {
-          if (!std::isfinite(kr[i]) || !std::isfinite(vr[i]))
-            throw e8kv::Error("a key or value of position " + std::to_string(ubatch_->pos[t]) + " is not finite");
-          K.push_back(e8kv::float_to_fp16_bits(kr[i]));
-          V.push_back(e8kv::float_to_fp16_bits(vr[i]));
-        }
-        P.push_back(ubatch_->pos[t]);
-        const float* qr = row(q, t);
-        O.insert(O.end(), qr, qr + qrow);
-        OP.push_back(ubatch_->pos[t]);
-      }
-      if (OP.size() > static_cast<size_t>(kObservationRows)) {
-        const size_t drop = OP.size() - static_cast<size_t>(kObservationRows);
-        OP.erase(OP.begin(), OP.begin() + static_cast<std::ptrdiff_t>(drop));
-        O.erase(O.begin(), O.begin() + static_cast<std::ptrdiff_t>(drop * qrow));
-      }
-      attend_prompt(il, g, q, dst);
-    } else {
-      e8kv::AttendOptions options;
-      options.executor = &gang_;
-      for (int32_t t : g.tokens) {
-        compressor_.append(*s.cache, il, row(k, t), row(v, t), ubatch_->pos[t]);
-        float* out = reinterpret_cast<float*>(static_cast<char*>(dst->data) + t * dst->nb[1]);
-        e8kv::attend(*s.cache, il, row(q, t), out, nullptr, options);
-      }
-    }
-  }
+  for (const TokenGroup& g : context.groups())
+    if (g.prompt) attend_prompt(*ub, g, il, q, k, v, dst);
+  attend_appended(*ub, context.groups(), il, q, k, v, dst);
 }
 
-// The prompt's own attention: what a prefill over llama.cpp's f16 cache computes (the staged fp16
-// keys and values, causal by position), in fp32. Work items are (a run of kPromptRun tokens, a kv
-// head): the rows the run's last token sees are widened to fp32 once per item and shared by the
-// run's tokens and the kv head's query heads, so widening costs 1/(kPromptRun·group) of the dot
-// products.
-void Memory::attend_prompt(int il, const TokenGroup& g, const ggml_tensor* q, ggml_tensor* dst) {
-  constexpr size_t kPromptRun = 8;
-  const SequenceState& s = seqs_[static_cast<size_t>(g.seq)];
-  const int d = shape_.head_dim, n_q = shape_.n_q_heads, n_kv = shape_.n_kv_heads;
-  const int group = n_q / n_kv;
-  const auto& K = s.prompt_k[static_cast<size_t>(il)];
-  const auto& V = s.prompt_v[static_cast<size_t>(il)];
-  const auto& P = s.prompt_pos[static_cast<size_t>(il)];
-  const float scale = config_.softmax_scale;
-  const size_t n_runs = (g.tokens.size() + kPromptRun - 1) / kPromptRun;
-  const size_t stride = static_cast<size_t>(n_kv) * static_cast<size_t>(d);
-  const auto seen = [&](int32_t pos) {  // causal: the staged rows up to this position
-    size_t n = 0;
-    while (n < P.size() && P[n] <= pos) ++n;
-    return n;
+// A prompt chunk: its rows staged as fp16 (what llama.cpp's f16 cache would hold), attended
+// densely and causally, merged with the codes of the sequence's earlier chunks in this group.
+void Memory::attend_prompt(const llama_ubatch& ub, const TokenGroup& tg, int il, const ggml_tensor* q,
+                           const ggml_tensor* k, const ggml_tensor* v, ggml_tensor* dst) {
+  Sequence& s = seqs_[static_cast<size_t>(tg.seq)];
+  PromptStage& st = s.stage;
+  const auto [gi, j] = layers_.where[static_cast<size_t>(il)];
+  const GroupCodec& gc = groups_[static_cast<size_t>(gi)];
+  const int d = layers_.head_dim, n_q = layers_.n_q_heads, n_kv = layers_.n_kv_heads;
+  const size_t kv_row = static_cast<size_t>(n_kv) * d, q_row = static_cast<size_t>(n_q) * d;
+  const size_t n = tg.tokens.size();
+  const size_t l = static_cast<size_t>(il);
+  if (st.positions.size() != n || st.k[l].size() != n * kv_row)
+    throw e8kv::Error("the prompt stage of " + std::to_string(tg.seq) + " does not match the ubatch");
+  std::vector<float> qbuf(n * q_row), out(n * q_row), lse(n * static_cast<size_t>(n_q));
+  for (size_t i = 0; i < n; ++i) {
+    const int32_t t = tg.tokens[i];
+    const float* kr = row(k, t);
+    const float* vr = row(v, t);
+    check_finite(kr, vr, kv_row, ub.pos[t]);
+    e8kv::floats_to_fp16_bits(kr, st.k[l].data() + i * kv_row, kv_row);
+    e8kv::floats_to_fp16_bits(vr, st.v[l].data() + i * kv_row, kv_row);
+    std::copy(row(q, t), row(q, t) + q_row, qbuf.data() + i * q_row);
+  }
+  const size_t n_obs = st.obs_positions.size();
+  std::copy(qbuf.end() - static_cast<std::ptrdiff_t>(n_obs * q_row), qbuf.end(), st.obs_q[l].begin());
+  e8kv::AttendOptions options;
+  options.executor = &gang_;
+  const float scale = gc.config.softmax_scale;
+  e8kv::DenseRows rows;
+  rows.keys = st.k[l].data();
+  rows.values = st.v[l].data();
+  rows.dtype = e8kv::DType::kF16;
+  rows.n = static_cast<int64_t>(n);
+  rows.positions = st.positions.data();
+  e8kv::dense_attention(rows, e8kv::DenseShape{n_kv, n_q, d, scale, gc.layers.window}, qbuf.data(), st.positions.data(),
+                        static_cast<int64_t>(n), out.data(), lse.data(), options);
+  const e8kv::CompressedKV* cache = s.caches.empty() ? nullptr : s.caches[static_cast<size_t>(gi)].get();
+  if (cache != nullptr && cache->last_position(j) >= 0) {
+    std::vector<float> out_codes(n * q_row), lse_codes(n * static_cast<size_t>(n_q));
+    std::vector<int32_t> lows;
+    e8kv::AttendRequest r;
+    r.cache = cache;
+    r.layer = j;
+    r.n_tokens = static_cast<int>(n);
+    r.q = qbuf.data();
+    r.out = out_codes.data();
+    r.lse = lse_codes.data();
+    if (gc.layers.window > 0) {
+      for (int32_t p : st.positions) lows.push_back(p - gc.layers.window + 1);
+      r.token_min_positions = lows.data();
+    }
+    e8kv::attend_batch({r}, options);
+    for (size_t i = 0; i < n; ++i)
+      e8kv::merge_attention(out.data() + i * q_row, lse.data() + i * n_q, out_codes.data() + i * q_row,
+                            lse_codes.data() + i * n_q, n_q, d, out.data() + i * q_row, lse.data() + i * n_q);
+  }
+  for (size_t i = 0; i < n; ++i) std::copy(out.data() + i * q_row, out.data() + (i + 1) * q_row, out_row(dst, tg.tokens[i]));
+}
+
+// The tokens of later calls, every sequence of the ubatch at once: per round, each sequence
+// appends its tokens up to the next flushing append, then one attend_batch serves every sequence's
+// segment.
+void Memory::attend_appended(const llama_ubatch& ub, const std::vector<TokenGroup>& groups, int il,
+                             const ggml_tensor* q, const ggml_tensor* k, const ggml_tensor* v, ggml_tensor* dst) {
+  const auto [gi, j] = layers_.where[static_cast<size_t>(il)];
+  const GroupCodec& gc = groups_[static_cast<size_t>(gi)];
+  const size_t q_row = static_cast<size_t>(layers_.n_q_heads) * layers_.head_dim;
+  struct Cursor {
+    const TokenGroup* group;
+    e8kv::CompressedKV* cache;
+    std::vector<float> q, out;
+    std::vector<int32_t> positions, lows;
+    size_t next = 0, segment = 0;
   };
-  gang_.run(static_cast<int64_t>(n_runs) * n_kv, [&](int64_t w) {
-    const size_t first = static_cast<size_t>(w / n_kv) * kPromptRun;
-    const size_t last = std::min(first + kPromptRun, g.tokens.size());
-    const int kvh = static_cast<int>(w % n_kv);
-    int32_t run_max = std::numeric_limits<int32_t>::min();
-    for (size_t i = first; i < last; ++i) run_max = std::max(run_max, ubatch_->pos[g.tokens[i]]);
-    const size_t n_run = seen(run_max);
-    thread_local std::vector<float> kf, vf, scores;
-    kf.resize(n_run * static_cast<size_t>(d));
-    vf.resize(n_run * static_cast<size_t>(d));
-    scores.resize(n_run);
-    const size_t head_off = static_cast<size_t>(kvh) * static_cast<size_t>(d);
-    for (size_t j = 0; j < n_run; ++j) {
-      e8kv::fp16_bits_to_floats(K.data() + j * stride + head_off, kf.data() + j * static_cast<size_t>(d),
-                                static_cast<size_t>(d));
-      e8kv::fp16_bits_to_floats(V.data() + j * stride + head_off, vf.data() + j * static_cast<size_t>(d),
-                                static_cast<size_t>(d));
-    }
-    for (size_t i = first; i < last; ++i) {
+  std::vector<Cursor> cursors;
+  for (const TokenGroup& g : groups) {
+    if (g.prompt) continue;
+    Sequence& s = seqs_[static_cast<size_t>(g.seq)];
+    e8kv::CompressedKV* cache = static_cast<size_t>(gi) < s.caches.size() ? s.caches[static_cast<size_t>(gi)].get() : nullptr;
+    if (cache == nullptr) throw e8kv::Error("sequence " + std::to_string(g.seq) + " holds no cache for " + gc.layers.describe());
+    Cursor c{&g, cache, {}, {}, {}, {}};
+    c.q.resize(g.tokens.size() * q_row);
+    c.out.resize(g.tokens.size() * q_row);
+    for (size_t i = 0; i < g.tokens.size(); ++i) {
       const int32_t t = g.tokens[i];
-      const int32_t pos = ubatch_->pos[t];
-      const size_t n = seen(pos);
-      for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
-        const float* qh = row(q, t) + static_cast<size_t>(h) * static_cast<size_t>(d);
-        float* out = reinterpret_cast<float*>(static_cast<char*>(dst->data) + t * dst->nb[1]) +
-                     static_cast<size_t>(h) * static_cast<size_t>(d);
-        float m = -std::numeric_limits<float>::infinity();
-        for (size_t j = 0; j < n; ++j) {
-          scores[j] = dot8(qh, kf.data() + j * static_cast<size_t>(d), d) * scale;
-          if (!std::isfinite(scores[j]))
-            throw e8kv::Error("prompt attention: the scores of position " + std::to_string(pos) +
-                              " overflow the float range");
-          m = std::max(m, scores[j]);
-        }
-        for (int c = 0; c < d; ++c) out[c] = 0.f;
-        float sum = 0.f;
-        for (size_t j = 0; j < n; ++j) {
-          const float e = std::exp(scores[j] - m);
-          sum += e;
-          const float* vr = vf.data() + j * static_cast<size_t>(d);
-          for (int c = 0; c < d; ++c) out[c] += e * vr[c];
-        }
-        const float inv = n > 0 ? 1.f / sum : 0.f;
-        for (int c = 0; c < d; ++c) out[c] *= inv;
-      }
+      std::copy(row(q, t), row(q, t) + q_row, c.q.data() + i * q_row);
+      c.positions.push_back(ub.pos[t]);
+      if (gc.layers.window > 0) c.lows.push_back(ub.pos[t] - gc.layers.window + 1);
     }
-  });
+    cursors.push_back(std::move(c));
+  }
+  e8kv::AttendOptions options;
+  options.executor = &gang_;
+  const e8kv::KVCompressor& compressor = *gc.compressor;
+  for (;;) {
+    std::vector<e8kv::AttendRequest> requests;
+    for (Cursor& c : cursors) {
+      const size_t n = c.group->tokens.size();
+      if (c.next == n) continue;
+      do {
+        const int32_t t = c.group->tokens[c.next];
+        compressor.append(*c.cache, j, row(k, t), row(v, t), ub.pos[t]);
+        ++c.next;
+      } while (c.next < n && !compressor.append_flushes(*c.cache, j));
+      e8kv::AttendRequest r;
+      r.cache = c.cache;
+      r.layer = j;
+      r.n_tokens = static_cast<int>(c.next - c.segment);
+      r.q = c.q.data() + c.segment * q_row;
+      r.out = c.out.data() + c.segment * q_row;
+      r.token_max_positions = c.positions.data() + c.segment;
+      if (!c.lows.empty()) r.token_min_positions = c.lows.data() + c.segment;
+      requests.push_back(r);
+      c.segment = c.next;
+    }
+    if (requests.empty()) break;
+    e8kv::attend_batch(requests, options);
+  }
+  for (const Cursor& c : cursors)
+    for (size_t i = 0; i < c.group->tokens.size(); ++i)
+      std::copy(c.out.data() + i * q_row, c.out.data() + (i + 1) * q_row, out_row(dst, c.group->tokens[i]));
+}
+
+void Memory::refuse_graph(const std::string& why) {
+  if (broken_.empty()) broken_ = why;
+  record_error(why);
 }
 
 }  // namespace e8kv_llama
@@ -255,30 +218,40 @@ std::unique_ptr<llm_graph_input_attn_kv> llama_e8kv_graph_input(const llama_memo
                                                                 const llama_cparams& cparams) {
   const auto* context = dynamic_cast<const e8kv_llama::MemoryContext*>(mctx);
   if (context == nullptr) return nullptr;
-  return std::make_unique<e8kv_llama::GraphInput>(hparams, cparams, context->memory());
+  return std::make_unique<e8kv_llama::GraphInput>(hparams, cparams, context->memory(), context);
 }
 
-ggml_tensor* llama_e8kv_build_attn(ggml_context* ctx, llm_graph_input_attn_kv* inp, ggml_tensor* q, ggml_tensor* k,
+std::unique_ptr<llm_graph_input_attn_kv_iswa> llama_e8kv_graph_input_iswa(const llama_memory_context_i* mctx,
+                                                                          const llama_hparams& hparams,
+                                                                          const llama_cparams& cparams) {
+  const auto* context = dynamic_cast<const e8kv_llama::MemoryContext*>(mctx);
+  if (context == nullptr) return nullptr;
+  return std::make_unique<e8kv_llama::GraphInputIswa>(hparams, cparams, context->memory(), context);
+}
+
+ggml_tensor* llama_e8kv_build_attn(ggml_context* ctx, llm_graph_input_i* inp, ggml_tensor* q, ggml_tensor* k,
                                    ggml_tensor* v, ggml_tensor* kq_b, ggml_tensor* sinks, float kq_scale, int il) {
-  auto* input = dynamic_cast<e8kv_llama::GraphInput*>(inp);
-  if (input == nullptr) return nullptr;
-  e8kv_llama::Memory* memory = input->memory;
-  const float expected = memory->softmax_scale();
-  if (kq_b != nullptr || sinks != nullptr || std::fabs(kq_scale - expected) > 1e-6f * expected) {
-    // The model's graph asks for what e8kv's memory was not created for: fail the ubatch loudly.
-    memory->record_error("layer " + std::to_string(il) +
-                         ": the graph asks for an attention bias, attention sinks or a softmax scale (" +
-                         std::to_string(kq_scale) + ") that the e8kv memory was not created with (" +
-                         std::to_string(expected) + ")");
-  }
-  const e8kv::ModelShape& shape = memory->shape();
-  const int64_t n_tokens = ggml_nelements(q) / (static_cast<int64_t>(shape.head_dim) * shape.n_q_heads);
+  e8kv_llama::GraphOps* graph = nullptr;
+  if (auto* a = dynamic_cast<e8kv_llama::GraphInput*>(inp)) graph = &a->graph;
+  else if (auto* b = dynamic_cast<e8kv_llama::GraphInputIswa*>(inp)) graph = &b->graph;
+  if (graph == nullptr) return nullptr;
+  e8kv_llama::Memory* memory = graph->memory;
+  if (kq_b != nullptr || sinks != nullptr || k == nullptr || v == nullptr)
+    // The model's graph asks for what e8kv's memory does not do: refuse its batches loudly.
+    memory->refuse_graph("layer " + std::to_string(il) +
+                         "'s graph asks for an attention bias, attention sinks or keys shared with another layer, "
+                         "which e8kv's memory does not support");
+  else
+    memory->adopt_softmax_scale(il, kq_scale);
+  const auto& m = memory->layers();
+  const int64_t n_tokens = ggml_nelements(q) / (static_cast<int64_t>(m.head_dim) * m.n_q_heads);
   auto as_rows = [&](ggml_tensor* t, int heads) {
+    if (t == nullptr) t = q;  // refused above: any tensor of the right size keeps the graph valid
     if (!ggml_is_contiguous(t)) t = ggml_cont(ctx, t);
-    return ggml_reshape_3d(ctx, t, shape.head_dim, heads, n_tokens);
+    return ggml_reshape_3d(ctx, t, m.head_dim, heads, ggml_nelements(t) / (static_cast<int64_t>(m.head_dim) * heads));
   };
-  ggml_tensor* args[3] = {as_rows(q, shape.n_q_heads), as_rows(k, shape.n_kv_heads), as_rows(v, shape.n_kv_heads)};
+  ggml_tensor* args[3] = {as_rows(q, m.n_q_heads), as_rows(k, m.n_kv_heads), as_rows(v, m.n_kv_heads)};
   // GGML_N_TASKS_MAX: every thread of the graph runs the op (thread 0 leads, the others serve it).
-  return ggml_custom_4d(ctx, GGML_TYPE_F32, static_cast<int64_t>(shape.head_dim) * shape.n_q_heads, n_tokens, 1, 1,
-                        args, 3, e8kv_llama::attention_op, GGML_N_TASKS_MAX, memory->layer_op(il));
+  return ggml_custom_4d(ctx, GGML_TYPE_F32, static_cast<int64_t>(m.head_dim) * m.n_q_heads, n_tokens, 1, 1, args, 3,
+                        e8kv_llama::attention_op, GGML_N_TASKS_MAX, &graph->ops[static_cast<size_t>(il)]);
 }

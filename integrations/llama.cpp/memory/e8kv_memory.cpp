@@ -1,17 +1,18 @@
 // e8kv's llama.cpp memory: sequences, batches, sequence operations and state (slot files hold
-// e8kv containers). See llama-e8kv-memory.h for what a prompt and a decoded token see.
+// e8kv containers). See llama-e8kv-memory.h for what a prompt and a later token see.
+#include "e8kv_memory.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <exception>
+#include <limits>
 #include <stdexcept>
 
 #include "e8kv/entropy/container.hpp"
-#include "e8kv_memory_impl.hpp"
 #include "ggml-backend.h"
-#include "llama-context.h"
-#include "llama-e8kv-memory.h"
 #include "llama-impl.h"
+#include "llama-e8kv-memory.h"
 #include "llama-io.h"
 #include "llama-model.h"
 
@@ -19,27 +20,30 @@ namespace e8kv_llama {
 
 namespace {
 constexpr uint32_t kStateMagic = 0x4d4b3845;  // "E8KM": e8kv memory state
-constexpr uint32_t kStateVersion = 1;
+// Version 1: one container per sequence (one layer group). Version 2: per sequence a group count,
+// then per group a container (length 0: the group holds nothing yet).
+constexpr uint32_t kStateVersion = 2;
 constexpr uint64_t kMaxStateBlob = uint64_t(1) << 36;
 
 std::string seq_name(int id) { return "sequence " + std::to_string(id); }
 }  // namespace
 
-void SequenceState::reset() { *this = SequenceState(); }
-
-size_t SequenceState::staged_bytes() const {
-  size_t n = 0;
-  for (const auto& v : prompt_k) n += v.size() * sizeof(uint16_t);
-  for (const auto& v : prompt_v) n += v.size() * sizeof(uint16_t);
-  for (const auto& v : obs_q) n += v.size() * sizeof(float);
-  return n;
-}
-
-Memory::Memory(const e8kv::ModelShape& shape, const e8kv::Config& config, uint32_t n_seq_max, int n_threads_batch,
-               std::string spec)
-    : shape_(shape), config_(config), compressor_(shape, config), spec_(std::move(spec)), seqs_(n_seq_max) {
-  layer_ops_.resize(static_cast<size_t>(shape.n_layers));
-  for (int il = 0; il < shape.n_layers; ++il) layer_ops_[static_cast<size_t>(il)] = LayerOp{this, il};
+Memory::Memory(ModelLayers layers, const e8kv::Config& config, uint32_t n_seq_max, int n_threads_batch, std::string spec)
+    : layers_(std::move(layers)), spec_(std::move(spec)), seqs_(n_seq_max) {
+  for (size_t g = 0; g < layers_.groups.size(); ++g) {
+    GroupCodec gc;
+    gc.layers = layers_.groups[g];
+    gc.config = config;
+    gc.config.rope = gc.layers.rope;
+    gc.config.rope.head_dim = layers_.head_dim;
+    // Until the graph says otherwise (adopt_softmax_scale): the scale most builders pass.
+    gc.config.softmax_scale = 1.0f / std::sqrt(static_cast<float>(layers_.head_dim));
+    gc.compressor = std::make_unique<e8kv::KVCompressor>(layers_.shape(static_cast<int>(g)), gc.config);
+    groups_.push_back(std::move(gc));
+  }
+  layer_scale_.assign(layers_.where.size(), 0.f);
+  run_group_bytes_.assign(groups_.size(), 0.0);
+  run_group_elements_.assign(groups_.size(), 0.0);
   if (n_threads_batch > 1) pool_ = std::make_unique<e8kv::ThreadPool>(n_threads_batch);
 }
 
@@ -47,40 +51,57 @@ Memory::~Memory() {
   for (auto& s : seqs_) account(s);
   // At warning level: the tools' default log threshold drops llama.cpp's info lines, and this is
   // the run's size accounting that scripts/llama-cpp-kv-types.sh reads.
-  if (run_sequences_ > 0)
-    LLAMA_LOG_WARN("e8kv memory: bits per element over the run: %.4f (bytes() of %lld compressed sequences "
-                   "holding %lld tokens: %.0f bytes for %.0f key and value elements; spec '%s')\n",
-                   8.0 * run_bytes_ / run_elements_, static_cast<long long>(run_sequences_),
-                   static_cast<long long>(run_tokens_), run_bytes_, run_elements_, spec_.c_str());
+  if (run_sequences_ == 0) return;
+  std::string per_group;
+  if (groups_.size() > 1)
+    for (size_t g = 0; g < groups_.size(); ++g)
+      per_group += "; " + groups_[g].layers.describe() + ": " +
+                   std::to_string(run_group_elements_[g] > 0 ? 8.0 * run_group_bytes_[g] / run_group_elements_[g] : 0.0) +
+                   " bits per element given";
+  LLAMA_LOG_WARN("e8kv memory: bits per element over the run: %.4f (bytes() of %lld sequences holding %lld tokens: "
+                 "%.0f bytes for %.0f key and value elements given to every layer; spec '%s'%s)\n",
+                 8.0 * run_bytes_ / run_elements_, static_cast<long long>(run_sequences_),
+                 static_cast<long long>(run_tokens_), run_bytes_, run_elements_, spec_.c_str(), per_group.c_str());
 }
 
-void Memory::account(const SequenceState& s) {
-  if (s.mode != SequenceState::Mode::kCoded || !s.cache) return;
+void Memory::account(const Sequence& s) {
+  if (!s.has_codes()) return;
   const int64_t tokens = static_cast<int64_t>(s.pos_max) - s.pos_min + 1;  // given, evicted ones included
-  run_bytes_ += static_cast<double>(s.cache->bytes());
-  run_elements_ += 2.0 * static_cast<double>(tokens) * shape_.n_layers * shape_.n_kv_heads * shape_.head_dim;
+  const double per_layer = 2.0 * static_cast<double>(tokens) * layers_.n_kv_heads * layers_.head_dim;
+  for (size_t g = 0; g < s.caches.size() && g < groups_.size(); ++g) {
+    const double b = s.caches[g] ? static_cast<double>(s.caches[g]->bytes()) : 0.0;
+    const double e = per_layer * static_cast<double>(groups_[g].layers.layers.size());
+    run_bytes_ += b;
+    run_elements_ += e;
+    run_group_bytes_[g] += b;
+    run_group_elements_[g] += e;
+  }
   run_sequences_ += 1;
   run_tokens_ += tokens;
 }
 
-SequenceState& Memory::sequence(llama_seq_id id) {
+Sequence& Memory::sequence(llama_seq_id id) {
   if (id < 0 || static_cast<size_t>(id) >= seqs_.size())
     throw std::runtime_error("e8kv memory: sequence id " + std::to_string(id) + " out of range (n_seq_max " +
                              std::to_string(seqs_.size()) + ")");
   return seqs_[static_cast<size_t>(id)];
 }
 
-const SequenceState* Memory::find(llama_seq_id id) const {
+const Sequence* Memory::find(llama_seq_id id) const {
   if (id < 0 || static_cast<size_t>(id) >= seqs_.size()) return nullptr;
   return &seqs_[static_cast<size_t>(id)];
 }
 
-void Memory::fail(SequenceState& s, int id, const std::string& why) {
+bool Memory::any_codes() const {
+  return std::any_of(seqs_.begin(), seqs_.end(), [](const Sequence& s) { return s.has_codes(); });
+}
+
+void Memory::fail(Sequence& s, int id, const std::string& why) {
   LLAMA_LOG_ERROR("e8kv memory: %s: %s; it refuses to decode until removed (llama_memory_seq_rm(mem, %d, -1, -1))\n",
                   seq_name(id).c_str(), why.c_str(), id);
   const int32_t lo = s.pos_min, hi = s.pos_max;
   drop(s);
-  s.mode = SequenceState::Mode::kFailed;
+  s.mode = Sequence::Mode::kFailed;
   s.failure = why;
   s.pos_min = lo;
   s.pos_max = hi;
@@ -89,6 +110,10 @@ void Memory::fail(SequenceState& s, int id, const std::string& why) {
 // ---- batches -----------------------------------------------------------------------------------
 
 llama_memory_context_ptr Memory::init_batch(llama_batch_allocr& balloc, uint32_t n_ubatch, bool /*embd_all*/) {
+  if (!broken_.empty()) {
+    LLAMA_LOG_ERROR("e8kv memory: %s\n", broken_.c_str());
+    return std::make_unique<MemoryContext>(LLAMA_MEMORY_STATUS_FAILED_COMPUTE);
+  }
   balloc.split_reset();
   std::vector<llama_ubatch> ubatches;
   for (;;) {
@@ -106,12 +131,12 @@ llama_memory_context_ptr Memory::init_batch(llama_batch_allocr& balloc, uint32_t
         return std::make_unique<MemoryContext>(LLAMA_MEMORY_STATUS_FAILED_COMPUTE);
       }
       const llama_seq_id id = ub.seq_id[i][0];
-      const SequenceState* s = find(id);
+      const Sequence* s = find(id);
       if (s == nullptr) {
         LLAMA_LOG_ERROR("e8kv memory: sequence id %d out of range (n_seq_max %zu)\n", id, seqs_.size());
         return std::make_unique<MemoryContext>(LLAMA_MEMORY_STATUS_FAILED_COMPUTE);
       }
-      if (s->mode == SequenceState::Mode::kFailed) {
+      if (s->mode == Sequence::Mode::kFailed) {
         LLAMA_LOG_ERROR("e8kv memory: %s cannot decode: %s; remove it first (llama_memory_seq_rm(mem, %d, -1, -1))\n",
                         seq_name(id).c_str(), s->failure.c_str(), id);
         return std::make_unique<MemoryContext>(LLAMA_MEMORY_STATUS_FAILED_COMPUTE);
@@ -127,106 +152,125 @@ llama_memory_context_ptr Memory::init_update(llama_context* /*lctx*/, bool /*opt
   return std::make_unique<MemoryContext>(LLAMA_MEMORY_STATUS_NO_UPDATE);
 }
 
-bool Memory::begin_ubatch(const llama_ubatch& ubatch) {
+bool Memory::begin_ubatch(const llama_ubatch& ubatch, std::vector<TokenGroup>& out) {
   {
     std::lock_guard<std::mutex> lock(error_mutex_);
     error_.clear();
   }
-  groups_.clear();
+  out.clear();
+  // Check every token first: a refused ubatch changes nothing.
+  std::vector<int32_t> last(seqs_.size());
+  for (size_t i = 0; i < seqs_.size(); ++i) last[i] = seqs_[i].mode == Sequence::Mode::kEmpty ? -1 : seqs_[i].pos_max;
   for (uint32_t i = 0; i < ubatch.n_tokens; ++i) {
     const int id = ubatch.seq_id[i][0];
-    SequenceState& s = seqs_[static_cast<size_t>(id)];
     const int32_t pos = ubatch.pos[i];
-    if (s.mode != SequenceState::Mode::kEmpty && pos <= s.pos_max) {
+    if (pos < 0 || (last[static_cast<size_t>(id)] >= 0 && pos <= last[static_cast<size_t>(id)])) {
       LLAMA_LOG_ERROR("e8kv memory: %s: position %d does not follow the stored %d (positions only grow)\n",
-                      seq_name(id).c_str(), pos, s.pos_max);
+                      seq_name(id).c_str(), pos, last[static_cast<size_t>(id)]);
       return false;
     }
-    if (s.mode == SequenceState::Mode::kEmpty) {
-      const size_t L = static_cast<size_t>(shape_.n_layers);
-      s.mode = SequenceState::Mode::kPrompt;
-      s.prompt_k.assign(L, {});
-      s.prompt_v.assign(L, {});
-      s.prompt_pos.assign(L, {});
-      s.obs_q.assign(L, {});
-      s.obs_pos.assign(L, {});
+    last[static_cast<size_t>(id)] = pos;
+  }
+  for (uint32_t i = 0; i < ubatch.n_tokens; ++i) {
+    const int id = ubatch.seq_id[i][0];
+    Sequence& s = seqs_[static_cast<size_t>(id)];
+    const int32_t pos = ubatch.pos[i];
+    if (s.mode == Sequence::Mode::kEmpty) {
+      s.mode = Sequence::Mode::kPrompt;
+      s.caches.resize(groups_.size());
+      s.dropped_below.assign(groups_.size(), 0);
       s.pos_min = pos;
     }
     s.pos_max = pos;
-    auto g = std::find_if(groups_.begin(), groups_.end(), [&](const TokenGroup& x) { return x.seq == id; });
-    if (g == groups_.end()) {
-      groups_.push_back(TokenGroup{id, s.mode == SequenceState::Mode::kPrompt, {}});
-      g = groups_.end() - 1;
+    auto g = std::find_if(out.begin(), out.end(), [&](const TokenGroup& x) { return x.seq == id; });
+    if (g == out.end()) {
+      out.push_back(TokenGroup{id, s.mode == Sequence::Mode::kPrompt, {}});
+      g = out.end() - 1;
     }
     g->tokens.push_back(static_cast<int32_t>(i));
   }
-  ubatch_ = &ubatch;
+  // Each prompt chunk's stage, sized for its rows (the ops fill them, one layer each).
+  const size_t L = static_cast<size_t>(ubatch.n_tokens == 0 ? 0 : layers_.where.size());
+  const size_t kv_row = static_cast<size_t>(layers_.n_kv_heads) * layers_.head_dim;
+  const size_t q_row = static_cast<size_t>(layers_.n_q_heads) * layers_.head_dim;
+  size_t staged = 0;
+  for (const TokenGroup& g : out) {
+    if (!g.prompt) continue;
+    PromptStage& st = seqs_[static_cast<size_t>(g.seq)].stage;
+    st.clear();
+    const size_t n = g.tokens.size();
+    const size_t n_obs = std::min(n, static_cast<size_t>(groups_[0].config.obs_window));
+    for (int32_t t : g.tokens) st.positions.push_back(ubatch.pos[t]);
+    st.obs_positions.assign(st.positions.end() - static_cast<std::ptrdiff_t>(n_obs), st.positions.end());
+    st.k.assign(L, std::vector<uint16_t>(n * kv_row));
+    st.v.assign(L, std::vector<uint16_t>(n * kv_row));
+    st.obs_q.assign(L, std::vector<float>(n_obs * q_row));
+    staged += st.bytes();
+  }
+  staged_peak_ = std::max(staged_peak_, staged);
   return true;
 }
 
-bool Memory::ubatch_computed() {
+bool Memory::ubatch_computed(const MemoryContext& context) {
   std::string error;
   {
     std::lock_guard<std::mutex> lock(error_mutex_);
     error.swap(error_);
   }
-  ubatch_ = nullptr;
-  if (error.empty()) return true;
-  LLAMA_LOG_ERROR("e8kv memory: attention failed: %s\n", error.c_str());
-  // A staged prompt is cut back by llama.cpp's rollback (seq_rm of the ubatch's positions); a
-  // compressed cache may hold the ubatch's tokens in some layers only, so its sequence fails.
-  for (const TokenGroup& g : groups_)
-    if (!g.prompt) fail(seqs_[static_cast<size_t>(g.seq)], g.seq, "a decode failed part-way (" + error + ")");
-  return false;
-}
-
-bool Memory::decode_finished() {
+  if (!error.empty()) {
+    LLAMA_LOG_ERROR("e8kv memory: attention failed: %s\n", error.c_str());
+    // A prompt chunk is dropped (llama.cpp's rollback then removes its positions); a compressed
+    // cache may hold the ubatch's tokens in some layers only, so its sequence fails.
+    for (const TokenGroup& g : context.groups()) {
+      Sequence& s = seqs_[static_cast<size_t>(g.seq)];
+      if (g.prompt)
+        s.stage.clear();
+      else
+        fail(s, g.seq, "a decode failed part-way (" + error + ")");
+    }
+    return false;
+  }
   bool ok = true;
-  for (size_t id = 0; id < seqs_.size(); ++id) {
-    SequenceState& s = seqs_[id];
-    if (s.mode != SequenceState::Mode::kPrompt) continue;
+  for (const TokenGroup& g : context.groups()) {
+    Sequence& s = seqs_[static_cast<size_t>(g.seq)];
     try {
-      const int64_t n = static_cast<int64_t>(s.prompt_pos[0].size());
-      e8kv::SequenceKV kv;
-      std::vector<e8kv::LayerQueries> queries(static_cast<size_t>(shape_.n_layers));
-      for (int il = 0; il < shape_.n_layers; ++il) {
-        const size_t l = static_cast<size_t>(il);
-        if (static_cast<int64_t>(s.prompt_pos[l].size()) != n)
-          throw e8kv::Error("layer " + std::to_string(il) + " staged " + std::to_string(s.prompt_pos[l].size()) +
-                            " tokens, layer 0 " + std::to_string(n));
-        kv.layers.push_back({e8kv::TensorView::nhd(s.prompt_k[l].data(), e8kv::DType::kF16, n, shape_.n_kv_heads,
-                                                   shape_.head_dim),
-                             e8kv::TensorView::nhd(s.prompt_v[l].data(), e8kv::DType::kF16, n, shape_.n_kv_heads,
-                                                   shape_.head_dim)});
-        queries[l].queries = e8kv::TensorView::nhd(s.obs_q[l].data(), e8kv::DType::kF32,
-                                                   static_cast<int64_t>(s.obs_pos[l].size()), shape_.n_q_heads,
-                                                   shape_.head_dim);
-        queries[l].positions = s.obs_pos[l].data();
-      }
-      kv.positions = s.prompt_pos[0].data();
-      auto cache = std::make_unique<e8kv::CompressedKV>(compressor_.compress(kv, &queries, pool_.get()));
-      const int32_t lo = s.pos_min, hi = s.pos_max;
-      s.reset();
-      s.mode = SequenceState::Mode::kCoded;
-      s.cache = std::move(cache);
-      s.pos_min = lo;
-      s.pos_max = hi;
+      if (g.prompt)
+        commit_stage(s, groups_, layers_, pool_.get());
+      else
+        drop_outside_windows(s, groups_);
     } catch (const std::exception& e) {
-      fail(s, static_cast<int>(id), std::string("compressing the prompt failed: ") + e.what());
+      fail(s, g.seq, std::string(g.prompt ? "compressing the prompt failed: " : "dropping old window positions failed: ") +
+                         e.what());
       ok = false;
     }
   }
   return ok;
 }
 
+bool Memory::decode_finished() {
+  for (Sequence& s : seqs_)
+    if (s.mode == Sequence::Mode::kPrompt) s.mode = s.has_codes() ? Sequence::Mode::kCoded : Sequence::Mode::kEmpty;
+  return true;
+}
+
+bool MemoryContext::next() {
+  applied_ = false;
+  return ++i_next_ < ubatches_.size();
+}
+
 bool MemoryContext::apply() {
   if (memory_ == nullptr || ubatches_.empty()) return true;  // init_full (graph reservation)
-  return memory_->begin_ubatch(ubatches_[i_next_]);
+  applied_ = memory_->begin_ubatch(ubatches_[i_next_], groups_);
+  return applied_;
 }
 
 const llama_ubatch& MemoryContext::get_ubatch() const {
   if (i_next_ >= ubatches_.size()) throw std::runtime_error("e8kv memory context: no ubatch");
   return ubatches_[i_next_];
+}
+
+GraphOps::GraphOps(Memory* m, const MemoryContext* context, int n_layers) : memory(m) {
+  for (int il = 0; il < n_layers; ++il) ops.push_back(LayerOp{m, context, il});
 }
 
 // ---- sequence operations -----------------------------------------------------------------------
@@ -241,25 +285,18 @@ bool Memory::seq_rm(llama_seq_id seq_id, llama_pos p0, llama_pos p1) {
   bool ok = true;
   for (size_t id = 0; id < seqs_.size(); ++id) {
     if (seq_id >= 0 && static_cast<size_t>(seq_id) != id) continue;
-    SequenceState& s = seqs_[id];
-    if (s.mode == SequenceState::Mode::kEmpty || p0 > s.pos_max || p1 <= s.pos_min || p0 >= p1) continue;
+    Sequence& s = seqs_[id];
+    if (s.mode == Sequence::Mode::kEmpty || p0 > s.pos_max || p1 <= s.pos_min || p0 >= p1) continue;
     if (p0 <= s.pos_min && p1 > s.pos_max) {  // the whole sequence
       drop(s);
       continue;
     }
-    if (s.mode == SequenceState::Mode::kPrompt && p1 > s.pos_max) {  // a staged prompt's tail
-      for (size_t l = 0; l < s.prompt_pos.size(); ++l) {
-        auto& P = s.prompt_pos[l];
-        const size_t keep = static_cast<size_t>(std::lower_bound(P.begin(), P.end(), p0) - P.begin());
-        const size_t row = static_cast<size_t>(shape_.n_kv_heads) * static_cast<size_t>(shape_.head_dim);
-        P.resize(keep);
-        s.prompt_k[l].resize(keep * row);
-        s.prompt_v[l].resize(keep * row);
-        auto& OP = s.obs_pos[l];
-        const size_t okeep = static_cast<size_t>(std::lower_bound(OP.begin(), OP.end(), p0) - OP.begin());
-        OP.resize(okeep);
-        s.obs_q[l].resize(okeep * static_cast<size_t>(shape_.n_q_heads) * static_cast<size_t>(shape_.head_dim));
-      }
+    // A tail that nothing coded holds: positions given to a ubatch that failed (llama.cpp's
+    // rollback), or a prompt stage's end.
+    if (p1 > s.pos_max && p0 > s.last_coded_position() && s.mode != Sequence::Mode::kFailed) {
+      PromptStage& st = s.stage;
+      while (!st.positions.empty() && st.positions.back() >= p0) st.positions.pop_back();
+      if (st.positions.empty()) st.clear();
       s.pos_max = p0 - 1;
       continue;
     }
@@ -273,27 +310,17 @@ bool Memory::seq_rm(llama_seq_id seq_id, llama_pos p0, llama_pos p1) {
 void Memory::seq_cp(llama_seq_id src, llama_seq_id dst, llama_pos p0, llama_pos p1) {
   if (src == dst) return;
   try {
-    const SequenceState& from = sequence(src);
-    SequenceState& to = sequence(dst);
+    const Sequence& from = sequence(src);
+    Sequence& to = sequence(dst);
     if (p0 < 0) p0 = 0;
     if (p1 < 0) p1 = std::numeric_limits<llama_pos>::max();
-    const bool whole = from.mode == SequenceState::Mode::kEmpty || (p0 <= from.pos_min && p1 > from.pos_max);
-    if (!whole || to.mode != SequenceState::Mode::kEmpty) {
+    const bool whole = from.mode == Sequence::Mode::kEmpty || (p0 <= from.pos_min && p1 > from.pos_max);
+    if (!whole || to.mode != Sequence::Mode::kEmpty) {
       fail(to, dst, "seq_cp of " + std::string(whole ? "a sequence into a non-empty one" : "part of a sequence") +
                         " is not supported by e8kv's memory (copy a whole sequence into an empty one)");
       return;
     }
-    const SequenceState& f = from;
-    to.mode = f.mode;
-    to.prompt_k = f.prompt_k;
-    to.prompt_v = f.prompt_v;
-    to.prompt_pos = f.prompt_pos;
-    to.obs_q = f.obs_q;
-    to.obs_pos = f.obs_pos;
-    to.cache = f.cache ? std::make_unique<e8kv::CompressedKV>(*f.cache) : nullptr;
-    to.pos_min = f.pos_min;
-    to.pos_max = f.pos_max;
-    to.failure = f.failure;
+    to = from.clone();
   } catch (const std::exception& e) {
     LLAMA_LOG_ERROR("e8kv memory: seq_cp %d -> %d: %s\n", src, dst, e.what());
   }
@@ -308,8 +335,8 @@ void Memory::seq_add(llama_seq_id seq_id, llama_pos p0, llama_pos p1, llama_pos 
   if (shift == 0) return;
   for (size_t id = 0; id < seqs_.size(); ++id) {
     if (seq_id >= 0 && static_cast<size_t>(seq_id) != id) continue;
-    SequenceState& s = seqs_[id];
-    if (s.mode == SequenceState::Mode::kEmpty || p0 > s.pos_max || (p1 >= 0 && p1 <= s.pos_min)) continue;
+    Sequence& s = seqs_[id];
+    if (s.mode == Sequence::Mode::kEmpty || p0 > s.pos_max || (p1 >= 0 && p1 <= s.pos_min)) continue;
     fail(s, static_cast<int>(id),
          "shifting positions (context shift, seq_add) is not supported: e8kv's keys are coded in their positions' "
          "RoPE frame");
@@ -320,25 +347,25 @@ void Memory::seq_div(llama_seq_id seq_id, llama_pos p0, llama_pos p1, int d) {
   if (d == 1) return;
   for (size_t id = 0; id < seqs_.size(); ++id) {
     if (seq_id >= 0 && static_cast<size_t>(seq_id) != id) continue;
-    SequenceState& s = seqs_[id];
-    if (s.mode == SequenceState::Mode::kEmpty || p0 > s.pos_max || (p1 >= 0 && p1 <= s.pos_min)) continue;
+    Sequence& s = seqs_[id];
+    if (s.mode == Sequence::Mode::kEmpty || p0 > s.pos_max || (p1 >= 0 && p1 <= s.pos_min)) continue;
     fail(s, static_cast<int>(id), "dividing positions (seq_div, self-extend) is not supported by e8kv's memory");
   }
 }
 
 llama_pos Memory::seq_pos_min(llama_seq_id seq_id) const {
-  const SequenceState* s = find(seq_id);
-  return s == nullptr || s->mode == SequenceState::Mode::kEmpty ? -1 : s->pos_min;
+  const Sequence* s = find(seq_id);
+  return s == nullptr || s->mode == Sequence::Mode::kEmpty ? -1 : s->pos_min;
 }
 
 llama_pos Memory::seq_pos_max(llama_seq_id seq_id) const {
-  const SequenceState* s = find(seq_id);
-  return s == nullptr || s->mode == SequenceState::Mode::kEmpty ? -1 : s->pos_max;
+  const Sequence* s = find(seq_id);
+  return s == nullptr || s->mode == Sequence::Mode::kEmpty ? -1 : s->pos_max;
 }
 
 size_t Memory::resident_bytes() const {
   size_t n = 0;
-  for (const auto& s : seqs_) n += (s.cache ? s.cache->resident_bytes() : 0) + s.staged_bytes();
+  for (const auto& s : seqs_) n += s.resident_bytes();
   return n;
 }
 
@@ -347,29 +374,63 @@ std::map<ggml_backend_buffer_type_t, size_t> Memory::memory_breakdown() const {
   return {{ggml_backend_dev_buffer_type(cpu), resident_bytes()}};
 }
 
-// ---- state: one e8kv container per sequence ----------------------------------------------------
+void Memory::adopt_softmax_scale(int il, float kq_scale) {
+  const size_t g = static_cast<size_t>(layers_.where[static_cast<size_t>(il)].first);
+  GroupCodec& gc = groups_[g];
+  float& seen = layer_scale_[static_cast<size_t>(il)];
+  if (seen == kq_scale && gc.config.softmax_scale == kq_scale) return;  // every graph after the first
+  if (!std::isfinite(kq_scale) || !(kq_scale > 0.f)) {
+    broken_ = "layer " + std::to_string(il) + "'s graph passes a softmax scale of " + std::to_string(kq_scale);
+    return;
+  }
+  seen = kq_scale;
+  // The layers of a group share one scale, fixed once anything is coded with it.
+  for (int other : gc.layers.layers) {
+    const float s = layer_scale_[static_cast<size_t>(other)];
+    if (s != 0.f && s != kq_scale) {
+      broken_ = "layers " + std::to_string(other) + " and " + std::to_string(il) + " pass different softmax scales (" +
+                std::to_string(s) + ", " + std::to_string(kq_scale) + ") to one layer group";
+      return;
+    }
+  }
+  if (gc.config.softmax_scale == kq_scale) return;
+  if (any_codes()) {
+    broken_ = "layer " + std::to_string(il) + "'s graph passes a softmax scale (" + std::to_string(kq_scale) +
+              ") other than the one its caches were made with (" + std::to_string(gc.config.softmax_scale) + ")";
+    return;
+  }
+  gc.config.softmax_scale = kq_scale;
+  gc.compressor = std::make_unique<e8kv::KVCompressor>(layers_.shape(static_cast<int>(g)), gc.config);
+}
+
+// ---- state: per sequence, one e8kv container per layer group ----------------------------------
 
 void Memory::state_write(llama_io_write_i& io, llama_seq_id seq_id, llama_state_seq_flags /*flags*/) const {
   std::vector<size_t> ids;
   for (size_t id = 0; id < seqs_.size(); ++id) {
     if (seq_id >= 0 && static_cast<size_t>(seq_id) != id) continue;
-    const SequenceState& s = seqs_[id];
-    if (s.mode == SequenceState::Mode::kEmpty) continue;
-    if (s.mode != SequenceState::Mode::kCoded)
+    const Sequence& s = seqs_[id];
+    if (s.mode == Sequence::Mode::kEmpty) continue;
+    if (s.mode == Sequence::Mode::kFailed || !s.stage.empty() || !s.has_codes())
       throw std::runtime_error("e8kv memory: " + seq_name(static_cast<int>(id)) + " cannot be saved: " +
-                               (s.mode == SequenceState::Mode::kFailed ? s.failure : "a decode is in progress"));
+                               (s.mode == Sequence::Mode::kFailed ? s.failure : "a decode is in progress"));
     ids.push_back(id);
   }
   const uint32_t header[3] = {kStateMagic, kStateVersion, static_cast<uint32_t>(ids.size())};
   io.write(header, sizeof(header));
   for (size_t id : ids) {
-    const SequenceState& s = seqs_[id];
-    const std::vector<uint8_t> blob = e8kv::entropy::serialize(*s.cache);
+    const Sequence& s = seqs_[id];
     const int32_t meta[3] = {static_cast<int32_t>(id), s.pos_min, s.pos_max};
-    const uint64_t size = blob.size();
+    const uint32_t n_groups = static_cast<uint32_t>(groups_.size());
     io.write(meta, sizeof(meta));
-    io.write(&size, sizeof(size));
-    io.write(blob.data(), blob.size());
+    io.write(&n_groups, sizeof(n_groups));
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      const std::vector<uint8_t> blob =
+          g < s.caches.size() && s.caches[g] ? e8kv::entropy::serialize(*s.caches[g]) : std::vector<uint8_t>();
+      const uint64_t size = blob.size();
+      io.write(&size, sizeof(size));
+      io.write(blob.data(), blob.size());
+    }
   }
 }
 
@@ -379,33 +440,47 @@ void Memory::state_read(llama_io_read_i& io, llama_seq_id seq_id, llama_state_se
   if (header[0] != kStateMagic)
     throw std::runtime_error("e8kv memory: the state was not written by e8kv's memory (was it saved with another "
                              "cache type, without --kv-e8kv?)");
-  if (header[1] != kStateVersion)
-    throw std::runtime_error("e8kv memory: state version " + std::to_string(header[1]) + ", this build reads " +
+  if (header[1] != 1 && header[1] != kStateVersion)
+    throw std::runtime_error("e8kv memory: state version " + std::to_string(header[1]) + ", this build reads 1 and " +
                              std::to_string(kStateVersion));
   if (seq_id >= 0 ? header[2] > 1 : header[2] > seqs_.size())
     throw std::runtime_error("e8kv memory: the state holds " + std::to_string(header[2]) + " sequences, more than fit");
   // Everything is read and checked before any sequence changes: a bad state changes nothing.
-  std::vector<std::pair<size_t, SequenceState>> restored;
+  std::vector<std::pair<size_t, Sequence>> restored;
   for (uint32_t i = 0; i < header[2]; ++i) {
     int32_t meta[3];
-    uint64_t size = 0;
     io.read(meta, sizeof(meta));
-    io.read(&size, sizeof(size));
-    if (size == 0 || size > kMaxStateBlob) throw std::runtime_error("e8kv memory: a sequence's blob size is corrupt");
-    std::vector<uint8_t> blob(static_cast<size_t>(size));
-    io.read(blob.data(), blob.size());
-    SequenceState s;
-    s.cache = std::make_unique<e8kv::CompressedKV>(e8kv::entropy::deserialize(blob.data(), blob.size()));
-    const std::string diff = compressor_.layout_difference(s.cache->layout());
-    if (!diff.empty())
-      throw std::runtime_error("e8kv memory: the state was written with another e8kv configuration or model (" +
-                               diff + ")");
-    s.mode = SequenceState::Mode::kCoded;
+    uint32_t n_groups = 1;  // version 1: one container
+    if (header[1] >= 2) io.read(&n_groups, sizeof(n_groups));
+    if (n_groups != groups_.size())
+      throw std::runtime_error("e8kv memory: the state holds " + std::to_string(n_groups) + " layer groups, this "
+                               "model's memory " + std::to_string(groups_.size()) + " (another model?)");
+    Sequence s;
+    s.caches.resize(groups_.size());
+    s.dropped_below.assign(groups_.size(), 0);
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      uint64_t size = 0;
+      io.read(&size, sizeof(size));
+      if (size > kMaxStateBlob || (size == 0 && header[1] < 2))
+        throw std::runtime_error("e8kv memory: a sequence's blob size is corrupt");
+      if (size == 0) continue;
+      std::vector<uint8_t> blob(static_cast<size_t>(size));
+      io.read(blob.data(), blob.size());
+      auto cache = std::make_unique<e8kv::CompressedKV>(e8kv::entropy::deserialize(blob.data(), blob.size()));
+      const std::string diff = groups_[g].compressor->layout_difference(cache->layout());
+      if (!diff.empty())
+        throw std::runtime_error("e8kv memory: the state was written with another e8kv configuration or model (" +
+                                 groups_[g].layers.describe() + ": " + diff + ")");
+      s.caches[g] = std::move(cache);
+    }
+    if (!s.has_codes()) throw std::runtime_error("e8kv memory: a sequence of the state holds no codes");
+    s.mode = Sequence::Mode::kCoded;
     s.pos_min = meta[1];
     s.pos_max = meta[2];
-    if (s.pos_min < 0 || s.pos_max < s.pos_min) throw std::runtime_error("e8kv memory: corrupt positions in the state");
+    if (s.pos_min < 0 || s.pos_max < s.pos_min || s.last_coded_position() > s.pos_max)
+      throw std::runtime_error("e8kv memory: corrupt positions in the state");
     const size_t target = seq_id >= 0 ? static_cast<size_t>(seq_id) : static_cast<size_t>(meta[0]);
-    if (target >= seqs_.size()) throw std::runtime_error("e8kv memory: the state's sequence id is out of range");
+    if (meta[0] < 0 || target >= seqs_.size()) throw std::runtime_error("e8kv memory: the state's sequence id is out of range");
     restored.emplace_back(target, std::move(s));
   }
   if (seq_id < 0) clear(true);
@@ -417,61 +492,14 @@ void Memory::state_read(llama_io_read_i& io, llama_seq_id seq_id, llama_state_se
 
 // ---- llama.cpp's entry points (llama-e8kv-memory.h) --------------------------------------------
 
-namespace {
-
-e8kv::transform::RopeParams rope_of(const llama_model& model, const llama_cparams& cparams, int head_dim) {
-  const llama_hparams& hp = model.hparams;
-  e8kv::transform::RopeParams r;
-  switch (hp.rope_type) {
-    case LLAMA_ROPE_TYPE_NORM: r.layout = e8kv::transform::RopeLayout::kInterleaved; break;  // adjacent pairs
-    case LLAMA_ROPE_TYPE_NEOX: r.layout = e8kv::transform::RopeLayout::kSplitHalf; break;
-    default: throw std::runtime_error("its RoPE type (" + std::to_string(hp.rope_type) + ") is not mapped to e8kv's");
-  }
-  r.head_dim = head_dim;
-  r.rotary_dim = static_cast<int>(hp.n_rot());
-  r.theta = cparams.rope_freq_base;
-  if (hp.rope_scaling_type_train == LLAMA_ROPE_SCALING_TYPE_YARN || cparams.yarn_ext_factor > 0.f)
-    throw std::runtime_error("YaRN RoPE scaling is not mapped to e8kv's RoPE parameters");
-  if (cparams.rope_freq_scale != 1.f) {
-    r.scaling = e8kv::transform::RopeScaling::kLinear;
-    r.factor = 1.0 / cparams.rope_freq_scale;
-  }
-  for (const auto& layer : model.layers)
-    if (layer.rope_freqs != nullptr)
-      throw std::runtime_error("RoPE frequency factors (rope_freqs) are not mapped to e8kv's RoPE parameters");
-  return r;
-}
-
-}  // namespace
-
 llama_memory_i* llama_e8kv_memory_create(const llama_model& model, const llama_cparams& cparams, const char* spec) {
-  const llama_hparams& hp = model.hparams;
   const std::string what = "e8kv memory (--kv-e8kv '" + std::string(spec) + "'): ";
   auto refuse = [&](const std::string& why) { throw std::runtime_error(what + why); };
-  // Only the graphs the adapter is tested with: other builders read llama.cpp's own KV-cache
-  // context (sliding-window, recurrent, hybrid, MLA, V-less layers) and are refused by name.
-  if (model.arch != LLM_ARCH_LLAMA)
-    refuse(std::string("architecture '") + llm_arch_name(model.arch) +
-           "' is not supported (llama only; Gemma-3's sliding-window layers and recurrent or hybrid memories need "
-           "llama.cpp's own cache: run without --kv-e8kv)");
-  if (hp.swa_type != LLAMA_SWA_TYPE_NONE) refuse("sliding-window attention layers are not supported");
-  if (hp.use_alibi || hp.attn_soft_cap) refuse("ALiBi and attention logit soft-capping are not supported");
-  if (hp.n_layer_kv_from_start >= 0) refuse("layers that share another layer's cache are not supported");
-  for (uint32_t il = 0; il < hp.n_layer(); ++il) {
-    if (hp.n_head_kv(il) != hp.n_head_kv(0) || hp.n_head(il) != hp.n_head(0))
-      refuse("layers with different head counts are not supported");
-    if (hp.n_embd_head_k(il) != hp.n_embd_head_v(il)) refuse("keys and values of different head sizes are not supported");
-    ggml_backend_dev_t dev = model.dev_layer(static_cast<int>(il));
-    if (dev != nullptr && ggml_backend_dev_type(dev) != GGML_BACKEND_DEVICE_TYPE_CPU)
-      refuse("layer " + std::to_string(il) + " is offloaded to " + ggml_backend_dev_name(dev) +
-             "; e8kv's memory runs on the CPU backend (use -ngl 0)");
-  }
-  e8kv::ModelShape shape{static_cast<int>(hp.n_layer()), static_cast<int>(hp.n_head_kv(0)),
-                         static_cast<int>(hp.n_head(0)), static_cast<int>(hp.n_embd_head_k(0))};
+  e8kv_llama::ModelLayers layers;
   try {
-    shape.validate();
+    layers = e8kv_llama::map_model(model, cparams);
   } catch (const std::exception& e) {
-    refuse(std::string("the model's KV shape is not supported: ") + e.what());
+    refuse(e.what());
   }
   e8kv::Config config;
   try {
@@ -480,18 +508,13 @@ llama_memory_i* llama_e8kv_memory_create(const llama_model& model, const llama_c
     refuse(e.what());
   }
   try {
-    config.rope = rope_of(model, cparams, shape.head_dim);
-  } catch (const std::exception& e) {
-    refuse(e.what());
-  }
-  config.softmax_scale = hp.f_attention_scale == 0.0f ? 1.0f / std::sqrt(static_cast<float>(shape.head_dim))
-                                                      : hp.f_attention_scale;
-  try {
-    auto* memory = new e8kv_llama::Memory(shape, config, cparams.n_seq_max,
-                                          static_cast<int>(cparams.n_threads_batch), spec);
-    LLAMA_LOG_INFO("%s: e8kv memory: spec '%s', %d layers x %d KV heads x %d dims, %u sequences; the KV "
-                   "buffer grows with the tokens (e8kv's resident bytes), none is allocated ahead\n",
-                   __func__, spec, shape.n_layers, shape.n_kv_heads, shape.head_dim, cparams.n_seq_max);
+    auto* memory = new e8kv_llama::Memory(layers, config, cparams.n_seq_max, static_cast<int>(cparams.n_threads_batch), spec);
+    std::string groups;
+    for (const auto& g : layers.groups) groups += "; " + g.describe();
+    LLAMA_LOG_INFO("%s: e8kv memory: spec '%s', %zu layers x %d KV heads x %d dims, %u sequences%s; the KV buffer "
+                   "grows with the tokens (e8kv's resident bytes), none is allocated ahead\n",
+                   __func__, spec, layers.where.size(), layers.n_kv_heads, layers.head_dim, cparams.n_seq_max,
+                   groups.c_str());
     return memory;
   } catch (const std::exception& e) {
     refuse(e.what());
@@ -501,10 +524,16 @@ llama_memory_i* llama_e8kv_memory_create(const llama_model& model, const llama_c
 
 bool llama_e8kv_ubatch_computed(llama_memory_context_i* mctx) {
   auto* context = dynamic_cast<e8kv_llama::MemoryContext*>(mctx);
-  return context == nullptr || context->memory() == nullptr || context->memory()->ubatch_computed();
+  if (context == nullptr || context->memory() == nullptr || context->applied() == nullptr) return true;
+  return context->memory()->ubatch_computed(*context);
 }
 
 bool llama_e8kv_decode_finished(llama_memory_i* memory) {
   auto* m = dynamic_cast<e8kv_llama::Memory*>(memory);
   return m == nullptr || m->decode_finished();
+}
+
+size_t llama_e8kv_memory_staged_peak(const llama_memory_i* memory) {
+  const auto* m = dynamic_cast<const e8kv_llama::Memory*>(memory);
+  return m == nullptr ? 0 : m->staged_peak_bytes();
 }
