@@ -68,74 +68,92 @@ std::string LayerGroup::describe() const {
   return "layers " + ids + buf;
 }
 
-e8kv::transform::RopeParams rope_of_layer(const llama_model& model, const llama_cparams& cparams, int il) {
-  const llama_hparams& hp = model.hparams;
-  const ArchRope* arch = find_arch(model.arch);
-  if (arch == nullptr) throw std::runtime_error(std::string("architecture '") + llm_arch_name(model.arch) + "' is not mapped");
+e8kv::transform::RopeParams rope_params(const GgmlRope& g) {
   e8kv::transform::RopeParams r;
-  switch (hp.rope_type) {
+  switch (g.mode) {
     case LLAMA_ROPE_TYPE_NORM: r.layout = e8kv::transform::RopeLayout::kInterleaved; break;  // adjacent pairs
     case LLAMA_ROPE_TYPE_NEOX: r.layout = e8kv::transform::RopeLayout::kSplitHalf; break;
     default:
-      throw std::runtime_error("RoPE type " + std::to_string(hp.rope_type) +
+      throw std::runtime_error("RoPE type " + std::to_string(g.mode) +
                                " (multi-section or vision RoPE) is not supported: e8kv turns NORM and NEOX pairs");
   }
-  const int n_rot = static_cast<int>(hp.n_rot());  // the graph's n_rot (llm_graph_context::n_rot)
-  const int head_dim = static_cast<int>(hp.n_embd_head_k(static_cast<uint32_t>(il)));
-  r.head_dim = head_dim;
-  r.rotary_dim = n_rot;
-  const float base = arch->per_layer_base ? model.get_rope_freq_base(cparams, il) : cparams.rope_freq_base;
-  const float scale = arch->per_layer_base ? model.get_rope_freq_scale(cparams, il) : cparams.rope_freq_scale;
-  if (!(base > 1.f) || !(scale > 0.f) || !std::isfinite(base) || !std::isfinite(scale))
-    throw std::runtime_error("RoPE base " + std::to_string(base) + " / scale " + std::to_string(scale) + " of layer " +
-                             std::to_string(il) + " are not usable");
-  r.theta = base;
-  // ggml_rope_ext turns pair i by p·theta^(−2i/n_rot)·m_i/f_i: f_i the frequency factor (a tensor
-  // of the model), m_i the scale, mixed per pair with 1 by YaRN's ramp when ext_factor != 0.
-  std::vector<float> factors;
-  if (arch->factors) {
-    const ggml_tensor* t = model.get_rope_factors(cparams, il);
-    if (t != nullptr) {
-      if (t->type != GGML_TYPE_F32 || ggml_nelements(t) != n_rot / 2)
-        throw std::runtime_error("the RoPE frequency factors of layer " + std::to_string(il) + " are not " +
-                                 std::to_string(n_rot / 2) + " floats");
-      factors.resize(static_cast<size_t>(n_rot / 2));
-      ggml_backend_tensor_get(t, factors.data(), 0, factors.size() * sizeof(float));
-      for (float f : factors)
-        if (!(f > 0.f) || !std::isfinite(f))
-          throw std::runtime_error("layer " + std::to_string(il) + " has a RoPE frequency factor of " + std::to_string(f));
-    }
-  }
-  const float ext = cparams.yarn_ext_factor;
+  if (g.n_rot < 2 || g.n_rot % 2 != 0 || g.n_rot > g.head_dim)
+    throw std::runtime_error("RoPE over " + std::to_string(g.n_rot) + " of " + std::to_string(g.head_dim) +
+                             " dimensions is not supported");
+  r.head_dim = g.head_dim;
+  r.rotary_dim = g.n_rot;
+  if (!(g.freq_base > 1.f) || !(g.freq_scale > 0.f) || !std::isfinite(g.freq_base) || !std::isfinite(g.freq_scale))
+    throw std::runtime_error("RoPE base " + std::to_string(g.freq_base) + " / scale " + std::to_string(g.freq_scale) +
+                             " are not usable");
+  r.theta = g.freq_base;
+  const int pairs = g.n_rot / 2;
+  if (!g.freq_factors.empty() && static_cast<int>(g.freq_factors.size()) != pairs)
+    throw std::runtime_error("RoPE frequency factors: " + std::to_string(g.freq_factors.size()) + " values for " +
+                             std::to_string(pairs) + " rotary pairs");
+  for (float f : g.freq_factors)
+    if (!(f > 0.f) || !std::isfinite(f)) throw std::runtime_error("a RoPE frequency factor of " + std::to_string(f));
+  const float ext = g.ext_factor;
   if (!std::isfinite(ext) || ext < 0.f) throw std::runtime_error("YaRN ext_factor " + std::to_string(ext) + " is not usable");
-  if (factors.empty() && ext == 0.f) {
-    if (scale != 1.f) {
+  if (g.freq_factors.empty() && ext == 0.f) {
+    if (g.freq_scale != 1.f) {
       r.scaling = e8kv::transform::RopeScaling::kLinear;
-      r.factor = 1.0 / static_cast<double>(scale);
+      r.factor = 1.0 / static_cast<double>(g.freq_scale);
     }
     return r;
   }
-  if (factors.empty()) factors.assign(static_cast<size_t>(n_rot / 2), 1.f);
+  std::vector<float> factors = g.freq_factors;
+  if (factors.empty()) factors.assign(static_cast<size_t>(pairs), 1.f);
   double low = 0, high = 0;
   if (ext != 0.f) {  // ggml_rope_yarn_corr_dims
-    const double n_ctx_orig = cparams.n_ctx_orig_yarn;
+    if (g.n_ctx_orig <= 0) throw std::runtime_error("YaRN without an original context length");
     auto corr_dim = [&](double rotations) {
-      return n_rot * std::log(n_ctx_orig / (rotations * 2 * M_PI)) / (2 * std::log(static_cast<double>(base)));
+      return g.n_rot * std::log(g.n_ctx_orig / (rotations * 2 * M_PI)) / (2 * std::log(static_cast<double>(g.freq_base)));
     };
-    low = std::max(0.0, std::floor(corr_dim(cparams.yarn_beta_fast)));
-    high = std::min(static_cast<double>(n_rot - 1), std::ceil(corr_dim(cparams.yarn_beta_slow)));
+    low = std::max(0.0, std::floor(corr_dim(g.beta_fast)));
+    high = std::min(static_cast<double>(g.n_rot - 1), std::ceil(corr_dim(g.beta_slow)));
   }
-  for (int i = 0; i < n_rot / 2; ++i) {
-    double m = scale;
+  for (int i = 0; i < pairs; ++i) {
+    double m = g.freq_scale;
     if (ext != 0.f) {  // rope_yarn: theta_interp·(1 − ramp·ext) + theta_extrap·ramp·ext
       const double y = (i - low) / std::max(0.001, high - low);
       const double ramp = (1.0 - std::min(1.0, std::max(0.0, y))) * ext;
-      m = scale * (1.0 - ramp) + ramp;
+      m = g.freq_scale * (1.0 - ramp) + ramp;
     }
     factors[static_cast<size_t>(i)] = static_cast<float>(factors[static_cast<size_t>(i)] / m);
   }
   r.freq_factors = std::move(factors);
   return r;
+}
+
+e8kv::transform::RopeParams rope_of_layer(const llama_model& model, const llama_cparams& cparams, int il) {
+  const llama_hparams& hp = model.hparams;
+  const ArchRope* arch = find_arch(model.arch);
+  if (arch == nullptr) throw std::runtime_error(std::string("architecture '") + llm_arch_name(model.arch) + "' is not mapped");
+  GgmlRope g;
+  g.mode = hp.rope_type;
+  g.n_rot = static_cast<int>(hp.n_rot());  // the graph's n_rot (llm_graph_context::n_rot)
+  g.head_dim = static_cast<int>(hp.n_embd_head_k(static_cast<uint32_t>(il)));
+  g.freq_base = arch->per_layer_base ? model.get_rope_freq_base(cparams, il) : cparams.rope_freq_base;
+  g.freq_scale = arch->per_layer_base ? model.get_rope_freq_scale(cparams, il) : cparams.rope_freq_scale;
+  if (arch->factors) {
+    const ggml_tensor* t = model.get_rope_factors(cparams, il);
+    if (t != nullptr) {
+      if (t->type != GGML_TYPE_F32 || ggml_nelements(t) != g.n_rot / 2)
+        throw std::runtime_error("the RoPE frequency factors of layer " + std::to_string(il) + " are not " +
+                                 std::to_string(g.n_rot / 2) + " floats");
+      g.freq_factors.resize(static_cast<size_t>(g.n_rot / 2));
+      ggml_backend_tensor_get(t, g.freq_factors.data(), 0, g.freq_factors.size() * sizeof(float));
+    }
+  }
+  g.ext_factor = cparams.yarn_ext_factor;
+  g.beta_fast = cparams.yarn_beta_fast;
+  g.beta_slow = cparams.yarn_beta_slow;
+  g.n_ctx_orig = static_cast<int>(cparams.n_ctx_orig_yarn);
+  try {
+    return rope_params(g);
+  } catch (const std::exception& e) {
+    throw std::runtime_error("layer " + std::to_string(il) + ": " + e.what());
+  }
 }
 
 ModelLayers map_model(const llama_model& model, const llama_cparams& cparams) {

@@ -44,10 +44,28 @@ struct ModelLayers {
 /// express, layers offloaded to a GPU.
 ModelLayers map_model(const llama_model& model, const llama_cparams& cparams);
 
-/// Layer il's RoPE as e8kv's parameters: what the architecture's graph builder passes to
-/// ggml_rope_ext for that layer (base, scale, frequency factors, YaRN), in e8kv's terms. The
-/// factors carry whatever ggml computes per pair beyond theta^(-2i/n_rot): rope_freqs, and
-/// YaRN's per-pair mix of interpolation and extrapolation.
+/// What ggml_rope_ext is given for one layer's keys (the arguments e8kv needs of it).
+struct GgmlRope {
+  int mode = 0;        ///< LLAMA_ROPE_TYPE_NORM (0, adjacent pairs) or LLAMA_ROPE_TYPE_NEOX (2, split halves)
+  int n_rot = 0;       ///< rotated dimensions (the rest pass unchanged)
+  int head_dim = 0;
+  float freq_base = 10000.f, freq_scale = 1.f;
+  std::vector<float> freq_factors;  ///< the freq_factors tensor's n_rot/2 values, or empty (none)
+  float ext_factor = 0.f;           ///< YaRN's mix (0: off)
+  float beta_fast = 32.f, beta_slow = 1.f;
+  int n_ctx_orig = 0;
+};
+
+/// ggml_rope_ext's rotation in e8kv's terms: pair i turns by p·theta^(−2i/n_rot)·m_i/f_i, f_i the
+/// frequency factor, m_i the scale mixed per pair with 1 by YaRN's ramp; everything beyond
+/// theta^(−2i/n_rot) becomes e8kv's per-pair frequency factors (a plain linear scale stays
+/// e8kv's linear scaling). YaRN's magnitude factor scales keys and queries alike before the
+/// memory sees them, so it is not part of the rotation. Throws std::runtime_error for a mode or a
+/// value e8kv cannot express.
+e8kv::transform::RopeParams rope_params(const GgmlRope& g);
+
+/// Layer il's RoPE as its architecture's graph builder passes it to ggml_rope_ext (base, scale,
+/// frequency factors, YaRN), in e8kv's terms (rope_params).
 e8kv::transform::RopeParams rope_of_layer(const llama_model& model, const llama_cparams& cparams, int il);
 
 }  // namespace e8kv_llama

@@ -17,18 +17,12 @@
 #include <vector>
 
 #include "e8kv/llama/model.hpp"
-#include "llama.h"
+#include "llama-e8kv-memory.h"
+#include "llama_fixture.hpp"
 
 namespace {
 
-struct ModelDeleter {
-  void operator()(llama_model* m) const { llama_model_free(m); }
-};
-struct ContextDeleter {
-  void operator()(llama_context* c) const { llama_free(c); }
-};
-using ModelPtr = std::unique_ptr<llama_model, ModelDeleter>;
-using ContextPtr = std::unique_ptr<llama_context, ContextDeleter>;
+using namespace e8kv_llama_test;
 
 // Two paragraphs of plain prose, tokenized once (258 tokens with SmolLM2's vocabulary).
 const char* kText =
@@ -45,29 +39,19 @@ const char* kText =
     "been short by three, and he wrote the number in red ink: fourteen. That night the beam turned every "
     "twelve seconds as it always had, and the captain's boat passed the point at a quarter past ten.";
 
-std::string g_log;  // llama.cpp's error log of the current test
+#define g_log log_text()
 
 class MemoryTest : public ::testing::Test {
  public:
   static void SetUpTestSuite() {
     llama_backend_init();
-    llama_log_set(
-        [](ggml_log_level level, const char* text, void*) {
-          if (level == GGML_LOG_LEVEL_ERROR || level == GGML_LOG_LEVEL_WARN) g_log += text;
-        },
-        nullptr);
-    llama_model_params mp = llama_model_default_params();
-    mp.n_gpu_layers = 0;
-    model_.reset(llama_model_load_from_file(e8kv::llama::default_model_path().c_str(), mp));
+    capture_log();
+    model_ = load_model(e8kv::llama::default_model_path());
     ASSERT_TRUE(model_) << "cannot load " << e8kv::llama::default_model_path();
-    const llama_vocab* vocab = llama_model_get_vocab(model_.get());
-    std::vector<llama_token> t(2048);
-    const int n = llama_tokenize(vocab, kText, static_cast<int32_t>(std::strlen(kText)), t.data(),
-                                 static_cast<int32_t>(t.size()), true, false);
-    ASSERT_GE(n, 250);
-    t.resize(static_cast<size_t>(n));
-    tokens_ = t;
-    n_vocab_ = llama_vocab_n_tokens(vocab);
+    tokens_ = tokenize(model_.get(), kText, 2048);
+    ASSERT_GE(tokens_.size(), 250u);
+    n_vocab_ = e8kv_llama_test::n_vocab(model_.get());
+    corpus_ = tokenize(model_.get(), read_text(e8kv::llama::default_cache_dir() + "/text/fiction.txt", 200000), 4096);
   }
   static void TearDownTestSuite() {
     model_.reset();
@@ -77,78 +61,30 @@ class MemoryTest : public ::testing::Test {
 
   /// A context whose KV memory is e8kv's (spec non-empty) or llama.cpp's own cache of `type`.
   static ContextPtr context(const char* spec, ggml_type type = GGML_TYPE_F16, int n_seq = 1, int threads = 2) {
-    llama_context_params cp = llama_context_default_params();
-    cp.n_ctx = 1024;
-    cp.n_batch = 512;
-    cp.n_ubatch = 512;
-    cp.n_seq_max = static_cast<uint32_t>(n_seq);
-    cp.n_threads = threads;
-    cp.n_threads_batch = threads;
-    cp.type_k = type;
-    cp.type_v = type;
-    cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
-    cp.kv_e8kv = spec;
-    return ContextPtr(llama_init_from_model(model_.get(), cp));
+    ContextOptions o;
+    o.spec = spec;
+    o.type = type;
+    o.n_seq = n_seq;
+    o.threads = threads;
+    return make_context(model_.get(), o);
   }
 
-  /// Decodes toks[begin, end) of sequence `seq` at positions begin.. in one llama_decode call,
-  /// returning the logits of every token (n_vocab each). Empty when llama_decode fails.
+  /// tokens_[begin, end) of sequence `seq` in one llama_decode call: every token's logits.
   static std::vector<float> decode(llama_context* ctx, size_t begin, size_t end, llama_seq_id seq = 0,
                                    int* rc_out = nullptr) {
-    const int n = static_cast<int>(end - begin);
-    llama_batch b = llama_batch_init(n, 0, 1);
-    for (int i = 0; i < n; ++i) {
-      b.token[i] = tokens_[begin + static_cast<size_t>(i)];
-      b.pos[i] = static_cast<llama_pos>(begin) + i;
-      b.n_seq_id[i] = 1;
-      b.seq_id[i][0] = seq;
-      b.logits[i] = 1;
-    }
-    b.n_tokens = n;
-    const int rc = llama_decode(ctx, b);
-    llama_batch_free(b);
-    if (rc_out) *rc_out = rc;
-    if (rc != 0) return {};
-    std::vector<float> out;
-    for (int i = 0; i < n; ++i) {
-      const float* l = llama_get_logits_ith(ctx, i);
-      out.insert(out.end(), l, l + n_vocab_);
-    }
-    return out;
+    return e8kv_llama_test::decode(ctx, tokens_, begin, end, seq, rc_out);
   }
-
-  static float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-    EXPECT_EQ(a.size(), b.size());
-    float m = 0.f;
-    for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
-    return m;
-  }
-
-  /// Mean KL(p_a || p_b) over the rows (softmax of each n_vocab row).
   static double mean_kl(const std::vector<float>& a, const std::vector<float>& b) {
-    const size_t rows = a.size() / static_cast<size_t>(n_vocab_);
-    double total = 0;
-    for (size_t r = 0; r < rows; ++r) {
-      const float* x = a.data() + r * static_cast<size_t>(n_vocab_);
-      const float* y = b.data() + r * static_cast<size_t>(n_vocab_);
-      const double mx = *std::max_element(x, x + n_vocab_), my = *std::max_element(y, y + n_vocab_);
-      double sx = 0, sy = 0;
-      for (int i = 0; i < n_vocab_; ++i) sx += std::exp(x[i] - mx), sy += std::exp(y[i] - my);
-      const double lx = mx + std::log(sx), ly = my + std::log(sy);
-      double kl = 0;
-      for (int i = 0; i < n_vocab_; ++i) kl += std::exp(x[i] - lx) * ((x[i] - lx) - (y[i] - ly));
-      total += kl;
-    }
-    return total / static_cast<double>(rows);
+    return e8kv_llama_test::mean_kl(a, b, n_vocab_);
   }
 
   static ModelPtr model_;
-  static std::vector<llama_token> tokens_;
+  static std::vector<llama_token> tokens_, corpus_;
   static int n_vocab_;
 };
 
 ModelPtr MemoryTest::model_;
-std::vector<llama_token> MemoryTest::tokens_;
+std::vector<llama_token> MemoryTest::tokens_, MemoryTest::corpus_;
 int MemoryTest::n_vocab_ = 0;
 
 constexpr size_t kPrompt = 200;  // the prompt call
@@ -350,60 +286,152 @@ TEST_F(MemoryTest, BadSpecsRefusedByName) {
 // predecessors as the cache holds them), next-token KL against llama.cpp's f16 cache. Bounds:
 // 1.5x what was measured when this test was written (docs/llama-cpp.md has the full table).
 TEST_F(MemoryTest, PerplexityProtocolKlWithinBounds) {
-  const std::string path = e8kv::llama::default_cache_dir() + "/text/fiction.txt";
-  FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) GTEST_SKIP() << "corpus absent: " << path << " (scripts/fetch-data.sh)";
-  std::string text(200000, '\0');
-  text.resize(std::fread(&text[0], 1, text.size(), f));
-  std::fclose(f);
-  const llama_vocab* vocab = llama_model_get_vocab(model_.get());
-  std::vector<llama_token> toks(text.size());
-  const int n = llama_tokenize(vocab, text.data(), static_cast<int32_t>(text.size()), toks.data(),
-                               static_cast<int32_t>(toks.size()), true, false);
-  constexpr int kChunk = 512, kChunks = 2, kHalf = kChunk / 2;
-  ASSERT_GE(n, kChunk * kChunks);
-  auto scored_logits = [&](const char* spec) {
-    ContextPtr ctx = context(spec);
-    std::vector<float> out;
-    if (!ctx) return out;
-    for (int c = 0; c < kChunks; ++c) {
-      llama_memory_clear(llama_get_memory(ctx.get()), true);
-      for (int call = 0; call < 2; ++call) {
-        llama_batch b = llama_batch_init(kHalf, 0, 1);
-        for (int i = 0; i < kHalf; ++i) {
-          b.token[i] = toks[static_cast<size_t>(c * kChunk + call * kHalf + i)];
-          b.pos[i] = call * kHalf + i;
-          b.n_seq_id[i] = 1;
-          b.seq_id[i][0] = 0;
-          b.logits[i] = call == 1 && i < kHalf - 1;  // the last token has no next token in the chunk
-        }
-        b.n_tokens = kHalf;
-        const int rc = llama_decode(ctx.get(), b);
-        llama_batch_free(b);
-        if (rc != 0) return std::vector<float>{};
-        if (call == 1)
-          for (int i = 0; i < kHalf - 1; ++i) {
-            const float* l = llama_get_logits_ith(ctx.get(), i);
-            out.insert(out.end(), l, l + n_vocab_);
-          }
-      }
-    }
-    return out;
-  };
-  const std::vector<float> base = scored_logits(nullptr);
+  if (corpus_.size() < 1024) GTEST_SKIP() << "corpus absent (scripts/fetch-data.sh)";
+  const std::vector<float> base = scored_logits(context(nullptr).get(), corpus_, 2, 256, 256);
   ASSERT_FALSE(base.empty()) << g_log;
   const struct {
     const char* spec;
     double bound;
   } rows[] = {{"preset=tier-k3v2", 0.0195}, {"preset=quant-k3v2", 0.041}};  // measured 0.0130, 0.0271
   for (const auto& r : rows) {
-    const std::vector<float> got = scored_logits(r.spec);
+    const std::vector<float> got = scored_logits(context(r.spec).get(), corpus_, 2, 256, 256);
     ASSERT_FALSE(got.empty()) << r.spec << ": " << g_log;
     const double kl = mean_kl(base, got);
-    std::printf("%s: mean KL %.5f over %d scored tokens (bound %.4f)\n", r.spec, kl, kChunks * (kHalf - 1), r.bound);
+    std::printf("%s: mean KL %.5f over %zu scored tokens (bound %.4f)\n", r.spec, kl, got.size() / n_vocab_, r.bound);
     EXPECT_LE(kl, r.bound) << r.spec;
     EXPECT_GT(kl, 1e-4) << r.spec << ": a quantized cache that changes nothing is not being read";
   }
+}
+
+// Later calls of every size (1, 7, 64 and 512 tokens, one sequence) give each token what decoding
+// it alone gives, bit for bit: their tokens are appended and attend in segments that end before a
+// flushing append, each bounded by its own position.
+TEST_F(MemoryTest, LaterCallsOfEverySizeEqualTokenByToken) {
+  if (corpus_.size() < 1024) GTEST_SKIP() << "corpus absent (scripts/fetch-data.sh)";
+  const size_t prompt = 200, sizes[] = {1, 7, 64, 512};
+  size_t total = prompt;
+  for (size_t n : sizes) total += n;
+  for (const char* spec : {"preset=quant-k3v2", "preset=tier-k3v2"}) {
+    ContextPtr x = context(spec), y = context(spec);
+    ASSERT_TRUE(x && y) << g_log;
+    std::vector<float> calls, single;
+    ASSERT_FALSE(e8kv_llama_test::decode(x.get(), corpus_, 0, prompt).empty()) << g_log;
+    ASSERT_FALSE(e8kv_llama_test::decode(y.get(), corpus_, 0, prompt).empty()) << g_log;
+    size_t at = prompt;
+    for (size_t n : sizes) {
+      const std::vector<float> l = e8kv_llama_test::decode(x.get(), corpus_, at, at + n);
+      ASSERT_FALSE(l.empty()) << spec << " call of " << n << ": " << g_log;
+      calls.insert(calls.end(), l.begin(), l.end());
+      at += n;
+    }
+    single = decode_one_by_one(y.get(), corpus_, prompt, total);
+    ASSERT_EQ(calls.size(), single.size()) << g_log;
+    size_t first_token = 0;
+    for (size_t n : sizes) {
+      const size_t a = first_token * static_cast<size_t>(n_vocab_), b = (first_token + n) * static_cast<size_t>(n_vocab_);
+      const float diff = max_abs_diff(std::vector<float>(calls.begin() + a, calls.begin() + b),
+                                      std::vector<float>(single.begin() + a, single.begin() + b));
+      std::printf("%s: a later call of %zu tokens vs one by one: max |logit diff| %.3g\n", spec, n, diff);
+      EXPECT_EQ(diff, 0.f) << spec << ", a call of " << n;
+      first_token += n;
+    }
+  }
+}
+
+// Three sequences in one ubatch of later calls: each gets what decoding its tokens alone, one by
+// one, gives it, bit for bit.
+TEST_F(MemoryTest, ThreeSequencesInOneUbatchEqualTokenByToken) {
+  if (corpus_.size() < 1024) GTEST_SKIP() << "corpus absent (scripts/fetch-data.sh)";
+  const size_t prompt[3] = {150, 90, 200}, first[3] = {0, 300, 600}, later = 40;
+  ContextPtr together = context("preset=tier-k3v2", GGML_TYPE_F16, 3);
+  ASSERT_TRUE(together) << g_log;
+  auto call = [&](llama_context* ctx, const std::vector<int>& seqs, bool later_call) {
+    llama_batch b = llama_batch_init(1024, 0, 1);
+    int n = 0;
+    for (int s : seqs) {
+      const size_t from = later_call ? prompt[s] : 0, to = later_call ? prompt[s] + later : prompt[s];
+      for (size_t i = from; i < to; ++i, ++n) {
+        b.token[n] = corpus_[first[s] + i];
+        b.pos[n] = static_cast<llama_pos>(i);
+        b.n_seq_id[n] = 1;
+        b.seq_id[n][0] = s;
+        b.logits[n] = later_call;
+      }
+    }
+    b.n_tokens = n;
+    std::vector<float> out;
+    if (llama_decode(ctx, b) == 0 && later_call)
+      for (int i = 0; i < n; ++i) {
+        const float* l = llama_get_logits_ith(ctx, i);
+        out.insert(out.end(), l, l + n_vocab_);
+      }
+    llama_batch_free(b);
+    return out;
+  };
+  call(together.get(), {0, 1, 2}, false);
+  const std::vector<float> all = call(together.get(), {0, 1, 2}, true);
+  ASSERT_EQ(all.size(), 3 * later * static_cast<size_t>(n_vocab_)) << g_log;
+  for (int s = 0; s < 3; ++s) {
+    ContextPtr alone = context("preset=tier-k3v2", GGML_TYPE_F16, 3);
+    call(alone.get(), {s}, false);
+    std::vector<float> single;
+    for (size_t i = prompt[s]; i < prompt[s] + later; ++i) {
+      llama_batch b = llama_batch_init(1, 0, 1);
+      b.token[0] = corpus_[first[s] + i];
+      b.pos[0] = static_cast<llama_pos>(i);
+      b.n_seq_id[0] = 1;
+      b.seq_id[0][0] = s;
+      b.logits[0] = 1;
+      b.n_tokens = 1;
+      ASSERT_EQ(llama_decode(alone.get(), b), 0) << g_log;
+      llama_batch_free(b);
+      const float* l = llama_get_logits_ith(alone.get(), 0);
+      single.insert(single.end(), l, l + n_vocab_);
+    }
+    const size_t at = static_cast<size_t>(s) * later * static_cast<size_t>(n_vocab_);
+    const float diff = max_abs_diff(std::vector<float>(all.begin() + at, all.begin() + at + single.size()), single);
+    std::printf("sequence %d of three in one ubatch vs alone, one by one: max |logit diff| %.3g\n", s, diff);
+    EXPECT_EQ(diff, 0.f) << "sequence " << s;
+  }
+}
+
+// A prompt longer than the ubatch is staged one ubatch at a time and compressed chunk by chunk:
+// the memory's stage never holds more than one ubatch (its counter, not a timing), and the
+// prompt's continuation stays within the KL of a prompt compressed at once.
+TEST_F(MemoryTest, LongPromptStagesOneUbatchAtATime) {
+  if (corpus_.size() < 1024) GTEST_SKIP() << "corpus absent (scripts/fetch-data.sh)";
+  const uint32_t ub = 128;
+  const size_t prompt = 700, later = 100;
+  ContextOptions o;
+  o.spec = "preset=tier-k3v2";
+  o.n_batch = 1024;  // the whole prompt in one llama_decode call, cut into ubatches of 128
+  o.n_ubatch = ub;
+  ContextPtr chunked = make_context(model_.get(), o);
+  o.spec = nullptr;
+  o.n_ubatch = 512;
+  ContextPtr f16 = make_context(model_.get(), o);
+  ASSERT_TRUE(chunked && f16) << g_log;
+  ASSERT_FALSE(e8kv_llama_test::decode(chunked.get(), corpus_, 0, prompt).empty()) << g_log;
+  const std::vector<float> got = e8kv_llama_test::decode(chunked.get(), corpus_, prompt, prompt + later);
+  ASSERT_FALSE(got.empty()) << g_log;
+  // One ubatch: keys and values in fp16 and the observation rows (32 query rows in fp32) of every
+  // layer, with the positions.
+  const size_t layers = static_cast<size_t>(llama_model_n_layer(model_.get()));
+  const size_t kv_row = static_cast<size_t>(llama_model_n_embd(model_.get())) /
+                        static_cast<size_t>(llama_model_n_head(model_.get())) *
+                        static_cast<size_t>(llama_model_n_head_kv(model_.get()));
+  const size_t q_row = static_cast<size_t>(llama_model_n_embd(model_.get()));
+  const size_t one_ubatch = layers * (ub * 2 * kv_row * 2 + 32 * q_row * 4) + 2 * ub * 4;
+  const size_t peak = llama_e8kv_memory_staged_peak(llama_get_memory(chunked.get()));
+  std::printf("prompt of %zu tokens in ubatches of %u: stage peak %zu bytes (one ubatch: %zu; the whole prompt "
+              "would be %zu)\n", prompt, ub, peak, one_ubatch, layers * prompt * 2 * kv_row * 2);
+  EXPECT_GT(peak, 0u);
+  EXPECT_LE(peak, one_ubatch);
+  ASSERT_FALSE(e8kv_llama_test::decode(f16.get(), corpus_, 0, prompt).empty());
+  const std::vector<float> base = e8kv_llama_test::decode(f16.get(), corpus_, prompt, prompt + later);
+  const double kl = mean_kl(base, got);
+  std::printf("tier-k3v2, prompt in ubatches of %u: KL %.4f against the f16 cache over %zu tokens\n", ub, kl, later);
+  EXPECT_LT(kl, 0.03);
 }
 
 }  // namespace
