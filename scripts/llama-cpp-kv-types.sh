@@ -13,7 +13,8 @@
 # over the run (codes, scales, windows, positions, headers), printed by the memory at exit.
 #
 #   scripts/llama-cpp-kv-types.sh [chunks (default 8)] [rows (default: llama.cpp's and e8kv's)]
-#   E8KV_LLAMA_MODEL=gemma3   Gemma-3-270M instead of SmolLM2 (scripts/fetch-model.sh names)
+#   E8KV_LLAMA_MODEL=NAME     a model of scripts/fetch-model.sh (smollm2, the default; gemma3;
+#                             qwen2.5-coder-0.5b)
 #   E8KV_CTX=2048             chunk length (default 512)
 #   E8KV_LLAMA_TOOLS_BUILD    build directory (default build/llama-tools)
 # Not part of CI: CI runs the same protocol, 2 chunks and two presets, through the API with KL
@@ -21,7 +22,7 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 CHUNKS="${1:-8}"
-ROWS="${2:-q8_0 q5_0 q4_0 e8r4 e8r3 e8p e8kv:preset=quant-k4v4 e8kv:preset=quant-k3v2 e8kv:preset=tier-k3v2 e8kv:preset=tier-k2v2 e8kv:preset=high}"
+ROWS="${2:-q8_0 q5_0 q4_0 e8kv:preset=quant-k4v4 e8kv:preset=tier-k3v2 e8kv:preset=quant-k3v2 e8kv:preset=tier-k2v2}"
 CTX="${E8KV_CTX:-512}"
 BIN="$(bash "$E8KV_ROOT/scripts/build-llama-cpp.sh" llama-perplexity)"
 PPL="$BIN/llama-perplexity"
@@ -64,4 +65,9 @@ for r in $ROWS; do
     *) bits="?" ;;
   esac
   printf "| %-24s | %6s | %-20s | %-20s | %8s |\n" "$r" "$bits" "$kl" "$ppl" "$rss"
+  # Models with several layer groups (Gemma-3: sliding-window and global layers) log each group's
+  # bits per element given: the window layers hold only their window.
+  case "$r" in
+    e8kv:*) grep -oE "; layers [^;)]*\)[^;)]*: [0-9.]+ bits per element given" "$log" | sed 's/^; /    /' >&2 || true ;;
+  esac
 done

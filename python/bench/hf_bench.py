@@ -5,6 +5,9 @@ project's GGUF, fp32, CPU). One row per process for memory (peak RSS is per proc
   hf_bench.py greedy  --tokens 1023 --new 128 --chunks 2      lossless greedy == DynamicCache?
   hf_bench.py memory  --row e8kv:quant-k3v2                   KL + bytes + peak RSS generating 4K
   hf_bench.py speed   --ctx 4096 --rows dynamic,e8kv:quant-k3v2 --steps 32
+  hf_bench.py kl      --model qwen2.5-coder-0.5b --rows quanto4,e8kv:quant-k3v2   KL + bytes per row
+
+--model picks a GGUF of scripts/fetch-model.sh (smollm2, the default; gemma3; qwen2.5-coder-0.5b).
 
 Rows: dynamic (DynamicCache), e8kv:PRESET (e8kv.hf.compress), quanto2 / quanto4 / hqq2 / hqq4
 (transformers' QuantizedCache, optimum-quanto / HQQ backend, q_group_size 64, residual 128), nexusquant3 (NexusQuant's
@@ -36,7 +39,9 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 import torch  # noqa: E402
 
 CACHE = os.environ.get("E8KV_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "e8kv")
-MODEL = os.path.join(CACHE, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+MODELS = {"smollm2": "SmolLM2-135M-Instruct.Q4_1.gguf", "gemma3": "gemma-3-270m-q4_k_m.gguf",
+          "qwen2.5-coder-0.5b": "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"}
+MODEL = os.path.join(CACHE, "models", MODELS["smollm2"])
 TEXTS = [os.path.join(CACHE, "text", "tech.txt"), os.path.join(CACHE, "text", "fiction.txt")]
 
 
@@ -136,17 +141,36 @@ def decode_logits(model, make_cache, ids, prefill):
     return torch.stack(logits), cache
 
 
-def kl_of(model, tok, row, ctx=1024, cont=128):
+def kl_of(model, tok, row, ctx=1024, cont=128, sizes=None):
+    """Mean KL(DynamicCache ‖ row) over both texts; `sizes` (a list) receives each chunk's cache
+    bytes and bits per element at its end."""
     kls = []
     for path in TEXTS:
         ids = tokens(tok, path, ctx - 1 + cont)
         with row_context(model, "dynamic") as make:
             ref, _ = decode_logits(model, make, ids, ctx - 1)
         with row_context(model, row) as make:
-            got, _ = decode_logits(model, make, ids, ctx - 1)
+            got, cache = decode_logits(model, make, ids, ctx - 1)
         lr, lg = torch.log_softmax(ref, -1), torch.log_softmax(got, -1)
         kls.append(float((lr.exp() * (lr - lg)).sum(-1).clamp(min=0).mean()))
+        if sizes is not None:
+            s = model.config
+            head_dim = getattr(s, "head_dim", None) or s.hidden_size // s.num_attention_heads
+            elements = (ids.shape[1] - 1) * 2 * s.num_hidden_layers * s.num_key_value_heads * head_dim
+            nbytes = cache.nbytes if row.startswith("e8kv:") else tensor_bytes(cache)
+            sizes.append({"bytes": nbytes, "bits_per_element": 8.0 * nbytes / elements})
     return sum(kls) / len(kls), kls
+
+
+def cmd_kl(a):
+    torch.set_num_threads(a.threads)
+    model, tok = load()
+    for row in a.rows.split(","):
+        sizes = []
+        kl, chunks = kl_of(model, tok, row, sizes=sizes)
+        print(json.dumps({"model": a.model, "row": row, "kl": kl, "kl_chunks": chunks,
+                          "bytes": [x["bytes"] for x in sizes],
+                          "bits_per_element": sum(x["bits_per_element"] for x in sizes) / len(sizes)}), flush=True)
 
 
 def cmd_memory(a):
@@ -256,10 +280,15 @@ def main():
     g.add_argument("--tokens", type=int, default=1023)
     g.add_argument("--new", type=int, default=128)
     g.add_argument("--chunks", type=int, default=2)
-    for p in (m, s, g):
+    k = sub.add_parser("kl")
+    k.add_argument("--rows", default="quanto4,e8kv:quant-k4v4,e8kv:quant-k3v2,e8kv:tier-k3v2")
+    for p in (m, s, g, k):
         p.add_argument("--threads", type=int, default=2)
+        p.add_argument("--model", default="smollm2", choices=sorted(MODELS))
     a = ap.parse_args()
-    {"memory": cmd_memory, "speed": cmd_speed, "greedy": cmd_greedy}[a.cmd](a)
+    global MODEL
+    MODEL = os.path.join(CACHE, "models", MODELS[a.model])
+    {"memory": cmd_memory, "speed": cmd_speed, "greedy": cmd_greedy, "kl": cmd_kl}[a.cmd](a)
 
 
 if __name__ == "__main__":

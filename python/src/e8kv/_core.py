@@ -237,6 +237,16 @@ class Compressor:
     def __repr__(self) -> str:
         return f"<e8kv.Compressor {tuple(self.shape)} {self.spec if not self.closed else 'closed'}>"
 
+    @property
+    def obs_window(self) -> int:
+        """The observation window (spec key `window`): how many of a prefill's last queries score its
+        tokens (the scorers, query-weighted keys)."""
+        for item in self.spec.split(","):
+            key, _, value = item.partition("=")
+            if key == "window":
+                return int(value)
+        raise E8kvError("Compressor.obs_window: the configuration names no window")
+
     def describe(self) -> str:
         """Every field of the configuration as a spec string."""
         with self._guard.read("Compressor.describe") as h:

@@ -11,9 +11,10 @@ or, explicitly: `cache = e8kv.hf.E8Cache(model, preset="high")`, `model.set_attn
 
 What happens:
 - Prefill (the first forward pass through an empty cache): attention is dense (transformers' own
-  sdpa function, same mask), and each layer keeps its new K/V and its last 32 post-RoPE queries
-  until every layer has run; then one e8kv compress per sequence of the batch codes all layers at
-  once (the observation queries drive eviction and query-weighted keys). The dense K/V are freed.
+  sdpa function, same mask), and each layer keeps its new K/V and its last `window` post-RoPE
+  queries (32 by default) until every layer has run; then one e8kv compress per sequence of the
+  batch codes all layers at once (the observation queries drive eviction and query-weighted keys).
+  The dense K/V are freed.
 - Every later token, in any forward pass (decoding, a chunk of a chunked prefill, a new turn):
   appended to its sequence's cache (e8kv_append) and its query attends the cache as it stands at
   that token (e8kv_attend_batch over the batch's sequences), one token after the other: exact
@@ -49,7 +50,6 @@ from . import _core
 from ._core import Cache as _E8Cache, Compressor, E8kvError, ThreadPool, attend_batch
 
 ATTN_NAME = "e8kv"
-OBSERVATION_QUERIES = 32  # e8kv-eval's and the C++ default observation window
 _BLOB_MAGIC = b"E8KVHF01"
 
 _current = threading.local()  # layer_idx -> the E8Layer whose update() ran last on this thread
@@ -243,8 +243,9 @@ class E8Cache(Cache):
         layers = [E8Layer(self, i) for i in range(self.model_shape.n_layers)]
         super().__init__(layers=layers)
         # A compressor now, so that a bad spec or shape is refused before any forward pass; the
-        # one that codes is made at the prefill, once the attention's scaling is known.
-        Compressor(self.model_shape, self.spec)
+        # one that codes is made at the prefill, once the attention's scaling is known. The
+        # prefill keeps as many query rows as its observation window (spec key `window`).
+        self._obs_window = Compressor(self.model_shape, self.spec).obs_window
 
     # -- sizes
     @property
@@ -354,10 +355,10 @@ class E8Cache(Cache):
             sel = torch.from_numpy(np.flatnonzero(valid[r]))
             keys.append(key[r][:, sel, :].transpose(0, 1).contiguous())
             values.append(value[r][:, sel, :].transpose(0, 1).contiguous())
-            qsel = sel[-OBSERVATION_QUERIES:]
+            qsel = sel[-self._obs_window:]
             queries.append(query[r][:, qsel, :].transpose(0, 1).contiguous())
             pos.append(positions[r, valid[r]])
-            qpos.append(positions[r, valid[r]][-OBSERVATION_QUERIES:])
+            qpos.append(positions[r, valid[r]][-self._obs_window:])
         self._prefill[idx] = _Prefill(keys, values, queries, pos, qpos)
 
     def _compress(self) -> None:

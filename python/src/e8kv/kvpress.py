@@ -7,8 +7,9 @@
     press.bits_per_element                                  # honest: every byte e8kv's codes need
 
 kvpress calls a press once per layer at the prefill and keeps dense K/V in the model's cache, so
-E8Press codes each layer with a one-layer e8kv compressor (the last 32 queries of the prefill as
-observation queries, recomputed from the layer's hidden states as kvpress's SnapKV does) and
+E8Press codes each layer with a one-layer e8kv compressor (the prefill's last `window` queries,
+32 by default, as observation queries, recomputed from the layer's hidden states as kvpress's
+SnapKV does) and
 writes the decoded rows back: the model then attends what e8kv's codes hold, which is what
 kvpress's benchmarks measure. The cache kvpress keeps stays dense, so the memory saving is what
 `bits_per_element` / `nbytes` report for the codes, not what the dense cache holds (`e8kv.hf`
@@ -29,7 +30,6 @@ from transformers.models.llama.modeling_llama import rotate_half
 from . import _core
 from .hf import model_shape, rope_spec
 
-OBSERVATION_QUERIES = 32
 _CROSS_LAYER = ("budget=", "shared=1", "evict_layers=1", "protect=", "layer_rates=", "per_head=1")
 
 
@@ -78,7 +78,7 @@ class E8Press(BasePress):
         if module.layer_idx == 0:
             self.layer_bytes, self.layer_elements = [], []
         self.layer_elements.append(b * 2 * hkv * n * d)
-        window = min(OBSERVATION_QUERIES, n)
+        window = min(self._compressor.obs_window, n)
         q = get_prerope_query_states(module, hidden_states[:, -window:])
         cos, sin = kwargs["position_embeddings"]
         q = q * cos[:, -window:].unsqueeze(1) + rotate_half(q) * sin[:, -window:].unsqueeze(1)
