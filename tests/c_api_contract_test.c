@@ -112,6 +112,9 @@ static void test_compressor_create(void) {
   CHECK_FAILS(e8kv_compressor_create(NULL, "", &c), E8KV_ERROR_INVALID_ARGUMENT, "e8kv_compressor_create");
   CHECK(c == NULL);
   c = (e8kv_compressor*)SENTINEL;
+  CHECK_FAILS(e8kv_compressor_create(NULL, NULL, &c), E8KV_ERROR_INVALID_ARGUMENT, "e8kv_compressor_create");
+  CHECK(c == NULL);
+  c = (e8kv_compressor*)SENTINEL;
   CHECK_FAILS(e8kv_compressor_create(&good, NULL, &c), E8KV_ERROR_INVALID_ARGUMENT, "e8kv_compressor_create");
   CHECK(c == NULL);
   for (i = 0; i < sizeof bad_shapes / sizeof bad_shapes[0]; ++i) {
@@ -159,6 +162,8 @@ static void test_compress(e8kv_compressor* c) {
   } while (0)
   EXPECT_NO_CACHE(e8kv_compress(NULL, &kv, &q, NULL, &cache));
   EXPECT_NO_CACHE(e8kv_compress(c, NULL, &q, NULL, &cache));
+  EXPECT_NO_CACHE(e8kv_compress(c, NULL, NULL, NULL, &cache));
+  EXPECT_NO_CACHE(e8kv_compress(NULL, NULL, NULL, NULL, &cache));
   kv.dtype = 7;
   EXPECT_NO_CACHE(e8kv_compress(c, &kv, &q, NULL, &cache));
   kv = kv_input(0, kTokens);
@@ -347,7 +352,11 @@ static void test_container(e8kv_compressor* c, const e8kv_cache* cache) {
   CHECK_FAILS(e8kv_serialize(cache, copy, size, NULL), E8KV_ERROR_INVALID_ARGUMENT, "e8kv_serialize");
   CHECK_FAILS(e8kv_serialize(cache, NULL, size, &reported), E8KV_ERROR_INVALID_ARGUMENT, "e8kv_serialize");
 
+  buffer = SENTINEL;
   CHECK_FAILS(e8kv_serialize_alloc(NULL, &buffer, &size), E8KV_ERROR_INVALID_ARGUMENT, "e8kv_serialize_alloc");
+  CHECK(buffer == NULL);
+  buffer = SENTINEL;
+  CHECK_FAILS(e8kv_serialize_alloc(NULL, &buffer, NULL), E8KV_ERROR_INVALID_ARGUMENT, "e8kv_serialize_alloc");
   CHECK(buffer == NULL);
   buffer = SENTINEL;
   CHECK_FAILS(e8kv_serialize_alloc(cache, &buffer, NULL), E8KV_ERROR_INVALID_ARGUMENT, "e8kv_serialize_alloc");
@@ -361,6 +370,7 @@ static void test_container(e8kv_compressor* c, const e8kv_cache* cache) {
     CHECK(back == NULL);                                       \
   } while (0)
   EXPECT_NO_READ(e8kv_deserialize(NULL, 100, NULL, &back), E8KV_ERROR_INVALID_ARGUMENT);
+  EXPECT_NO_READ(e8kv_deserialize(NULL, 100, c, &back), E8KV_ERROR_INVALID_ARGUMENT);
   EXPECT_NO_READ(e8kv_deserialize(blob, 0, NULL, &back), E8KV_ERROR_CORRUPT_DATA);
   EXPECT_NO_READ(e8kv_deserialize(blob, size - 1, NULL, &back), E8KV_ERROR_CORRUPT_DATA);
   memcpy(copy, blob, size);
@@ -387,12 +397,64 @@ static void test_container(e8kv_compressor* c, const e8kv_cache* cache) {
   e8kv_free(blob);
 }
 
+/* CRC-32C, bit by bit (include/e8kv/entropy/checksum.hpp): the header's checksum. */
+static uint32_t crc32c(const unsigned char* p, size_t n) {
+  uint32_t crc = 0xFFFFFFFFu;
+  size_t i;
+  int k;
+  for (i = 0; i < n; ++i) {
+    crc ^= p[i];
+    for (k = 0; k < 8; ++k) crc = (crc >> 1) ^ (0x82F63B78u & (0u - (crc & 1u)));
+  }
+  return ~crc;
+}
+
+/* A container whose data a later call would refuse, its checksum recomputed as an adversary
+ * would: the first key mean value of layer 0 head 0 set to +inf (attention's scores would leave
+ * the float range). Refused by e8kv_deserialize as corrupt data naming the field, no cache. */
+static void test_rechecksummed_container(const e8kv_cache* cache) {
+  size_t size = 0, header, table, sets_bytes;
+  unsigned char* blob = snapshot(cache, &size);
+  e8kv_cache* back = (e8kv_cache*)SENTINEL;
+  uint64_t header_bytes;
+  uint32_t n_layers, crc;
+  uint16_t version, key_mean_length, inf = 0x7C00u;
+  if (!blob) return;
+  /* docs/format.md §2.1-2.2: the prefix, the 128-byte layout record at 48, 2 codec bytes per
+   * layer, from version 6 the RoPE factors, then the layer table. */
+  memcpy(&version, blob + 8, 2);
+  memcpy(&header_bytes, blob + 16, 8);
+  memcpy(&n_layers, blob + 48, 4);
+  header = (size_t)header_bytes;
+  memcpy(&crc, blob + header - 4, 4);
+  CHECK(crc == crc32c(blob, header - 4));
+  table = 48 + 128 + 2 * (size_t)n_layers;
+  if (version >= 6) {
+    uint16_t factors;
+    memcpy(&factors, blob + table, 2);
+    table += 2 + 4 * (size_t)factors;
+  }
+  sets_bytes = (blob[48 + 19] ? (size_t)kKvHeads : 1) * (version >= 5 ? 24 : 16);
+  memcpy(&key_mean_length, blob + table + 32 + sets_bytes, 2);
+  CHECK(key_mean_length == kDim); /* the fixture's heads have their means */
+  if (key_mean_length == kDim) {
+    memcpy(blob + table + 32 + sets_bytes + 4, &inf, 2);
+    crc = crc32c(blob, header - 4);
+    memcpy(blob + header - 4, &crc, 4);
+    CHECK_FAILS(e8kv_deserialize(blob, size, NULL, &back), E8KV_ERROR_CORRUPT_DATA, "e8kv_deserialize");
+    CHECK(back == NULL);
+    CHECK(strstr(e8kv_last_error(), "key_mean") != NULL);
+  }
+  e8kv_free(blob);
+}
+
 /* A failing call's message stays until the next failing call: successes leave it. */
 static void test_message_persists(e8kv_compressor* c) {
   char kept[256];
   size_t length = 0;
-  e8kv_thread_pool* pool = NULL;
+  e8kv_thread_pool* pool = (e8kv_thread_pool*)SENTINEL;
   CHECK_FAILS(e8kv_thread_pool_create(0, &pool), E8KV_ERROR_INVALID_ARGUMENT, "e8kv_thread_pool_create");
+  CHECK(pool == NULL);
   snprintf(kept, sizeof kept, "%s", e8kv_last_error());
   CHECK_OK(e8kv_compressor_describe(c, NULL, 0, &length));
   CHECK(strcmp(kept, e8kv_last_error()) == 0);
@@ -426,6 +488,7 @@ int main(void) {
   test_attention(cache);
   test_queries_and_decompress(cache);
   test_container(c, cache);
+  test_rechecksummed_container(cache);
   test_message_persists(c);
   e8kv_cache_destroy(cache);
   e8kv_compressor_destroy(c);

@@ -221,6 +221,10 @@ CompressedKV read_cache(Source& src, const DeserializeOptions& o) {
   layers.reserve(static_cast<size_t>(L.n_layers));
   for (int l = 0; l < L.n_layers; ++l)
     layers.push_back(read_layer_range(dec, h, l, 0, h.layers[static_cast<size_t>(l)].max_stored()));
+  // The writer's checks of a layer (checked_counts) on what was read, before the codecs are built:
+  // a cache that deserializes is one that attends, decompresses and serializes again, so data
+  // that a later call would refuse (changed, the CRCs recomputed) is refused here, by field.
+  for (int l = 0; l < L.n_layers; ++l) (void)checked_counts(L, layers[static_cast<size_t>(l)], l, h.info.chunk_tokens);
   if (!codecs) codecs = std::make_shared<const CacheCodecs>(L);
   CompressedKV cache(std::move(codecs));
   for (int l = 0; l < L.n_layers; ++l) e8kv::detail::CacheStorage::layer(cache, l) = std::move(layers[static_cast<size_t>(l)]);
@@ -241,7 +245,10 @@ CompressedKV::LayerData read_range(Source& src, const DeserializeOptions& o, int
   check_budget(io::sat_add(layer_range_bytes(L, layer, c, b, e), scratch_bytes(h)), o, what);
   ChunkDecoder dec(src, h.dir, o);
   check_chunk_heads(dec, h, layer, b, e);
-  return read_layer_range(dec, h, layer, b, e);
+  CompressedKV::LayerData out = read_layer_range(dec, h, layer, b, e);
+  // What the full read checks of each head (deserialize_layer equals its layer), on the range.
+  check_layer_heads(L, layer, out);
+  return out;
 }
 
 constexpr int64_t kWholeLayer = std::numeric_limits<int64_t>::max();

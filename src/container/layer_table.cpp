@@ -193,7 +193,34 @@ bool positive_fp16(uint16_t bits) {
   return std::isfinite(f) && f > 0.f;
 }
 
-// The vectors of head h of a layer agree with its set's counts and the codecs.
+// fp16 bits of an infinity or a NaN have every exponent bit set.
+bool finite_fp16(uint16_t bits) { return (bits & 0x7C00u) != 0x7C00u; }
+
+// Fails at the first non-finite value of `n` fp16 values at `p` (any alignment: the fp16 codec's
+// codes are bytes). Attention refuses a non-finite key (its scores leave the float range) and
+// answers NaN for a non-finite value; no compress or append stores one (inputs are checked
+// finite and within fp16).
+void check_finite_fp16(const uint8_t* p, size_t n, int l, int h, const char* field) {
+  auto bits = [p](size_t i) {
+    uint16_t b;
+    std::memcpy(&b, p + 2 * i, 2);
+    return b;
+  };
+  // A branch-free pass first (it vectorizes: a lossless cache is all fp16), the index on failure.
+  unsigned any = 0;
+  for (size_t i = 0; i < n; ++i) any |= finite_fp16(bits(i)) ? 0u : 1u;
+  if (any == 0) return;
+  size_t i = 0;
+  while (finite_fp16(bits(i))) ++i;
+  fail(fmt::format("layer {} head {}: {}[{}] is not finite (fp16 bits {:#06x}); accepted: finite values", l, h, field,
+                   i, bits(i)));
+}
+void check_finite_fp16(const std::vector<uint16_t>& v, int l, int h, const char* field) {
+  check_finite_fp16(reinterpret_cast<const uint8_t*>(v.data()), v.size(), l, h, field);
+}
+
+// The vectors of head h of a layer agree with its set's counts and the codecs, and hold what
+// attention and decompression can use.
 void check_head(const CacheLayout& L, int l, int h, const CompressedKV::HeadData& hd, size_t coded, size_t tier,
                 size_t window) {
   const CodecGeometry kg = key_geometry(L, l), vg = value_geometry(L, l);
@@ -224,13 +251,48 @@ void check_head(const CacheLayout& L, int l, int h, const CompressedKV::HeadData
         "layer {} head {}: key_channel_scale must be empty or hold head_dim values (and needs "
         "layout.query_weighted_keys)",
         l, h);
+  check(std::all_of(hd.key_channel_scale.begin(), hd.key_channel_scale.end(), positive_fp16),
+        "layer {} head {}: key channel scales must be positive and finite", l, h);
+  // A centred code tier decodes around the head's means (CacheCodecs::decode_tier): the
+  // compressor sets both before it codes the head's first tier token.
+  check(tier == 0 || !L.tier_centered || (!hd.key_mean.empty() && !hd.value_mean.empty()),
+        "layer {} head {}: {} code-tier tokens are centred (layout tier_centered) but key_mean or value_mean is empty",
+        l, h, tier);
+  // Every stored fp16 value: what attention and decompression read besides the block codes
+  // (any index decodes) and the 8-bit gain codes (any code is a finite factor).
+  check_finite_fp16(hd.window_keys, l, h, "window_keys");
+  check_finite_fp16(hd.window_values, l, h, "window_values");
+  check_finite_fp16(hd.key_mean, l, h, "key_mean");
+  check_finite_fp16(hd.value_mean, l, h, "value_mean");
+  check_finite_fp16(hd.key_gains, l, h, "key_gains");
+  check_finite_fp16(hd.value_gains, l, h, "value_gains");
+  check_finite_fp16(hd.tier_key_gains, l, h, "tier_key_gains");
+  check_finite_fp16(hd.tier_value_gains, l, h, "tier_value_gains");
+  if (!kg.has_gain) check_finite_fp16(hd.key_codes.data(), hd.key_codes.size() / 2, l, h, "key_codes (fp16 codec)");
+  if (!vg.has_gain)
+    check_finite_fp16(hd.value_codes.data(), hd.value_codes.size() / 2, l, h, "value_codes (fp16 codec)");
 }
 
 }  // namespace
 
+void check_layer_heads(const CacheLayout& L, int l, const CompressedKV::LayerData& ld) {
+  const size_t sets = ld.positions.size(), H = static_cast<size_t>(L.n_kv_heads);
+  check(ld.heads.size() == H && (sets == 1 || sets == H) && ld.window_positions.size() == sets &&
+            (ld.tier_positions.empty() || ld.tier_positions.size() == sets),
+        "layer {} has {} position sets ({} window, {} code-tier) and {} heads; the layout has {} heads", l, sets,
+        ld.window_positions.size(), ld.tier_positions.size(), ld.heads.size(), H);
+  for (size_t h = 0; h < H; ++h) {
+    const size_t s = sets == 1 ? 0 : h;
+    const size_t tier = ld.tier_positions.empty() ? 0 : ld.tier_positions[s].size();
+    check_head(L, l, static_cast<int>(h), ld.heads[h], ld.positions[s].size(), tier, ld.window_positions[s].size());
+  }
+}
+
 LayerCounts checked_counts(const CompressedKV& cache, int l, int64_t chunk_tokens) {
-  const CacheLayout& L = cache.layout();
-  const auto& ld = cache.layer(l);
+  return checked_counts(cache.layout(), cache.layer(l), l, chunk_tokens);
+}
+
+LayerCounts checked_counts(const CacheLayout& L, const CompressedKV::LayerData& ld, int l, int64_t chunk_tokens) {
   const size_t sets = position_sets(L);
   // No tier sets at all stands for empty ones (CompressedKV::tier_positions reads it so).
   const bool tier_sets = !ld.tier_positions.empty();
@@ -262,11 +324,7 @@ LayerCounts checked_counts(const CompressedKV& cache, int l, int64_t chunk_token
   }
   check(c.original_tokens >= c.max_stored(), "layer {}: original_tokens {} is below the stored token count {}", l,
         c.original_tokens, c.max_stored());
-  for (int h = 0; h < L.n_kv_heads; ++h) {
-    const size_t s = sets == 1 ? 0 : static_cast<size_t>(h);
-    check_head(L, l, h, ld.heads[static_cast<size_t>(h)], static_cast<size_t>(c.coded[s]),
-               static_cast<size_t>(c.tier[s]), static_cast<size_t>(c.window[s]));
-  }
+  check_layer_heads(L, l, ld);
   check(ld.query_energy.empty() || (ld.query_energy.size() == static_cast<size_t>(L.n_kv_heads) && L.query_weighted_keys),
         "layer {}: query_energy must be empty or hold one vector per KV head (and needs layout.query_weighted_keys)", l);
   for (const auto& e : ld.query_energy)

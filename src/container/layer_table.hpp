@@ -13,8 +13,17 @@
 namespace e8kv::entropy {
 
 /// The writer's view of layer l: its counts, after checking that every vector of the layer agrees
-/// with them and with the layout (so gathering never overruns, and the reader accepts it).
+/// with them and with the layout (so gathering never overruns, and the reader accepts it) and
+/// that the layer holds what attention and decompression use (check_layer_heads). The reader
+/// runs it on every layer it read, so that a cache that deserializes is one that attends,
+/// decompresses and serializes.
 LayerCounts checked_counts(const CompressedKV& cache, int l, int64_t chunk_tokens);
+LayerCounts checked_counts(const CacheLayout& L, const CompressedKV::LayerData& ld, int l, int64_t chunk_tokens);
+/// The part of checked_counts that looks at each head's vectors, against the counts of its
+/// position set in `ld` (a whole layer, or the token range a partial read returns): sizes, gain
+/// references, key channel scales, the means a centred code tier needs, and finite fp16 values
+/// (windows, means, fp16 gains, fp16-codec codes).
+void check_layer_heads(const CacheLayout& L, int l, const CompressedKV::LayerData& ld);
 /// The format version the positions of `cache` need: kInterleavedPinnedSince when some set pins
 /// a token after a coded or unpinned window token's position (fp16 tier), else 1.
 uint16_t positions_version(const CompressedKV& cache);
