@@ -12,6 +12,7 @@
 
 #include "e8kv/attention/attend.hpp"
 #include "e8kv/compressor.hpp"
+#include "e8kv/parallel.hpp"
 #include "testing/kv_fixture.hpp"
 
 namespace e8kv {
@@ -135,6 +136,76 @@ TEST(AppendFlushes, BatchAttendedInSegmentsEqualsTokenByToken) {
       EXPECT_GT(segments, 1);
       for (size_t k = 0; k < want.size(); ++k) ASSERT_EQ(got[k], want[k]) << "layer " << l << " element " << k;
       EXPECT_EQ(got_lse, want_lse);
+    }
+  }
+}
+
+// KVCompressor::append_attend: the same batch in one call, for three sequences at once (each its own
+// cache: the same start, shifted positions... here the same tokens, so every result must agree).
+TEST(AppendAttend, EqualsTokenByTokenBitForBit) {
+  synth::SyntheticSpec s = spec();
+  const int prefill = 1200, appended = 150;
+  s.tokens = prefill + appended;
+  s.obs_window = appended;
+  std::printf("seed %llu, %d-token prefill, %d appended tokens\n", static_cast<unsigned long long>(kSeed), prefill,
+              appended);
+  const testkit::Fixture f(s);
+  const int width = f.shape.n_kv_heads * f.shape.head_dim, qwidth = f.shape.n_q_heads * f.shape.head_dim;
+  for (const char* spec_text : {"preset=quant-k3v2", "preset=tier-k3v2", "preset=quant-k2v2,per_head=1,evict=0.3"}) {
+    SCOPED_TRACE(spec_text);
+    const KVCompressor c(f.shape, Config::parse(spec_text));
+    const CompressedKV start = c.compress(prefix(f, prefill), &f.queries);
+    ASSERT_GE(start.coded_tokens(1, 0), 512);  // at least one full chunk (eviction: fewer)
+    for (int32_t window : {0, 600}) {
+      SCOPED_TRACE("window " + std::to_string(window));
+      const int l = 1;
+      const auto& K = f.data.keys[static_cast<size_t>(l)];
+      const auto& V = f.data.values[static_cast<size_t>(l)];
+      std::vector<int32_t> positions, lows;
+      for (int i = 0; i < appended; ++i) {
+        positions.push_back(prefill + i);
+        lows.push_back(window > 0 ? prefill + i - window + 1 : std::numeric_limits<int32_t>::min());
+      }
+      CompressedKV one = start;
+      std::vector<float> want(static_cast<size_t>(appended) * qwidth), want_lse(static_cast<size_t>(appended) * f.shape.n_q_heads);
+      for (int i = 0; i < appended; ++i) {
+        c.append(one, l, row(K, prefill + i, width), row(V, prefill + i, width), positions[static_cast<size_t>(i)]);
+        AttendRequest r;
+        r.cache = &one;
+        r.layer = l;
+        r.q = f.query(l, i);
+        r.out = &want[static_cast<size_t>(i) * qwidth];
+        r.lse = &want_lse[static_cast<size_t>(i) * f.shape.n_q_heads];
+        r.min_position = lows[static_cast<size_t>(i)];
+        attend_batch({r});
+      }
+      // Three sequences in one call: each its own copy of the cache, the same tokens.
+      std::vector<CompressedKV> batch(3, start);
+      std::vector<std::vector<float>> got(3, std::vector<float>(want.size(), -1.f)),
+          got_lse(3, std::vector<float>(want_lse.size(), -1.f));
+      std::vector<KVCompressor::AppendAttendRequest> requests;
+      for (size_t b = 0; b < 3; ++b) {
+        KVCompressor::AppendAttendRequest r;
+        r.cache = &batch[b];
+        r.layer = l;
+        r.n_tokens = appended - static_cast<int>(b) * 10;  // of different lengths
+        r.k = row(K, prefill, width);
+        r.v = row(V, prefill, width);
+        r.positions = positions.data();
+        r.q = f.query(l, 0);
+        r.out = got[b].data();
+        r.lse = got_lse[b].data();
+        r.token_min_positions = window > 0 ? lows.data() : nullptr;
+        requests.push_back(r);
+      }
+      ThreadPool pool(3);
+      c.append_attend(requests, &pool);
+      for (size_t b = 0; b < 3; ++b) {
+        const size_t n = static_cast<size_t>(requests[b].n_tokens);
+        for (size_t e = 0; e < n * qwidth; ++e) ASSERT_EQ(got[b][e], want[e]) << "sequence " << b << " element " << e;
+        for (size_t e = 0; e < n * f.shape.n_q_heads; ++e) ASSERT_EQ(got_lse[b][e], want_lse[e]) << "sequence " << b;
+      }
+      EXPECT_EQ(batch[0].bytes(), one.bytes());
     }
   }
 }

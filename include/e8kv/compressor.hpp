@@ -75,6 +75,29 @@ class KVCompressor {
   /// decoding one token at a time shows them (attend.hpp's position bounds keep the later ones out).
   bool append_flushes(const CompressedKV& cache, int layer) const;
 
+  /// A batch of new tokens of several sequences in one layer (a chat's next turn, a prompt past the
+  /// first llama_decode call, one decoding step of many sequences): each request's tokens are
+  /// appended in order and each attends its query right after its own append, so every out
+  /// ([n_tokens, n_q_heads·head_dim]) and lse ([n_tokens, n_q_heads] or null) is bit for bit what
+  /// n calls of append() then e8kv::attend() give. The tokens are appended up to the next flush
+  /// (append_flushes), then every request's pending tokens attend in one attend_batch, each bounded
+  /// by its own position (and token_min_positions, its window): every tile of codes is decoded
+  /// once per segment for all of a segment's tokens. Throws as append and attend do; tokens
+  /// appended before a throw stay appended.
+  struct AppendAttendRequest {
+    CompressedKV* cache = nullptr;
+    int layer = 0;
+    int n_tokens = 0;
+    const float* k = nullptr;                        ///< [n_tokens, n_kv_heads·head_dim] post-RoPE
+    const float* v = nullptr;                        ///< the same
+    const int32_t* positions = nullptr;              ///< [n_tokens] ascending, after the layer's last
+    const float* q = nullptr;                        ///< [n_tokens, n_q_heads·head_dim] post-RoPE
+    float* out = nullptr;                            ///< [n_tokens, n_q_heads·head_dim]
+    float* lse = nullptr;                            ///< [n_tokens, n_q_heads] or null
+    const int32_t* token_min_positions = nullptr;    ///< [n_tokens] or null: each token's window
+  };
+  void append_attend(const std::vector<AppendAttendRequest>& requests, Executor* executor = nullptr) const;
+
   /// Decode attention for one new token at `position`: q is [n_q_heads * head_dim] post-RoPE; out
   /// receives softmax(scale·q·Kᵀ)·V over every token of `layer` in the cache, [n_q_heads * head_dim]
   /// (e8kv::attend, attention/attend.hpp, has the lse, batches and threads). Throws e8kv::Error

@@ -1,9 +1,8 @@
 // e8kv's attention inside llama.cpp's graph: one ggml custom op per layer, run on llama.cpp's
 // threads (OpGang). A prompt chunk's tokens attend their own staged rows densely (e8kv's dense
 // attention: causal, the layer's window) merged with the codes of the chunks before them; the
-// tokens of a later call are appended to the codes and attend them in segments that end before
-// an append that flushes, each token bounded by its own position: what decoding them one at a
-// time gives, bit for bit, with every tile of codes decoded once per segment.
+// tokens of a later call are appended to the codes and attend them as decoding them one at a
+// time would, bit for bit (KVCompressor::append_attend shares what they see alike).
 #include <algorithm>
 #include <cmath>
 #include <exception>
@@ -140,68 +139,61 @@ void Memory::attend_prompt(const llama_ubatch& ub, const TokenGroup& tg, int il,
   for (size_t i = 0; i < n; ++i) std::copy(out.data() + i * q_row, out.data() + (i + 1) * q_row, out_row(dst, tg.tokens[i]));
 }
 
-// The tokens of later calls, every sequence of the ubatch at once: per round, each sequence
-// appends its tokens up to the next flushing append, then one attend_batch serves every sequence's
-// segment.
+// The tokens of later calls, every sequence of the ubatch at once: KVCompressor::append_attend
+// appends them and attends each as decoding it alone would, bit for bit (in rounds: up to each
+// sequence's next flush, then one attend_batch for every sequence's segment).
 void Memory::attend_appended(const llama_ubatch& ub, const std::vector<TokenGroup>& groups, int il,
                              const ggml_tensor* q, const ggml_tensor* k, const ggml_tensor* v, ggml_tensor* dst) {
   const auto [gi, j] = layers_.where[static_cast<size_t>(il)];
   const GroupCodec& gc = groups_[static_cast<size_t>(gi)];
+  const size_t kv_row = static_cast<size_t>(layers_.n_kv_heads) * layers_.head_dim;
   const size_t q_row = static_cast<size_t>(layers_.n_q_heads) * layers_.head_dim;
-  struct Cursor {
-    const TokenGroup* group;
-    e8kv::CompressedKV* cache;
-    std::vector<float> q, out;
+  struct Rows {  // a sequence's tokens, gathered contiguous (the ubatch may interleave sequences)
+    std::vector<float> q, k, v, out;
     std::vector<int32_t> positions, lows;
-    size_t next = 0, segment = 0;
   };
-  std::vector<Cursor> cursors;
-  for (const TokenGroup& g : groups) {
-    if (g.prompt) continue;
+  std::vector<Rows> rows;
+  std::vector<const TokenGroup*> which;
+  std::vector<e8kv::KVCompressor::AppendAttendRequest> requests;
+  for (const TokenGroup& g : groups)
+    if (!g.prompt) which.push_back(&g);
+  rows.resize(which.size());
+  for (size_t w = 0; w < which.size(); ++w) {
+    const TokenGroup& g = *which[w];
     Sequence& s = seqs_[static_cast<size_t>(g.seq)];
     e8kv::CompressedKV* cache = static_cast<size_t>(gi) < s.caches.size() ? s.caches[static_cast<size_t>(gi)].get() : nullptr;
     if (cache == nullptr) throw e8kv::Error("sequence " + std::to_string(g.seq) + " holds no cache for " + gc.layers.describe());
-    Cursor c{&g, cache, {}, {}, {}, {}};
-    c.q.resize(g.tokens.size() * q_row);
-    c.out.resize(g.tokens.size() * q_row);
-    for (size_t i = 0; i < g.tokens.size(); ++i) {
+    Rows& r = rows[w];
+    const size_t n = g.tokens.size();
+    r.q.resize(n * q_row);
+    r.k.resize(n * kv_row);
+    r.v.resize(n * kv_row);
+    r.out.resize(n * q_row);
+    for (size_t i = 0; i < n; ++i) {
       const int32_t t = g.tokens[i];
-      std::copy(row(q, t), row(q, t) + q_row, c.q.data() + i * q_row);
-      c.positions.push_back(ub.pos[t]);
-      if (gc.layers.window > 0) c.lows.push_back(ub.pos[t] - gc.layers.window + 1);
+      std::copy(row(q, t), row(q, t) + q_row, r.q.data() + i * q_row);
+      std::copy(row(k, t), row(k, t) + kv_row, r.k.data() + i * kv_row);
+      std::copy(row(v, t), row(v, t) + kv_row, r.v.data() + i * kv_row);
+      r.positions.push_back(ub.pos[t]);
+      if (gc.layers.window > 0) r.lows.push_back(ub.pos[t] - gc.layers.window + 1);
     }
-    cursors.push_back(std::move(c));
+    e8kv::KVCompressor::AppendAttendRequest a;
+    a.cache = cache;
+    a.layer = j;
+    a.n_tokens = static_cast<int>(n);
+    a.k = r.k.data();
+    a.v = r.v.data();
+    a.positions = r.positions.data();
+    a.q = r.q.data();
+    a.out = r.out.data();
+    a.token_min_positions = r.lows.empty() ? nullptr : r.lows.data();
+    requests.push_back(a);
   }
-  e8kv::AttendOptions options;
-  options.executor = &gang_;
-  const e8kv::KVCompressor& compressor = *gc.compressor;
-  for (;;) {
-    std::vector<e8kv::AttendRequest> requests;
-    for (Cursor& c : cursors) {
-      const size_t n = c.group->tokens.size();
-      if (c.next == n) continue;
-      do {
-        const int32_t t = c.group->tokens[c.next];
-        compressor.append(*c.cache, j, row(k, t), row(v, t), ub.pos[t]);
-        ++c.next;
-      } while (c.next < n && !compressor.append_flushes(*c.cache, j));
-      e8kv::AttendRequest r;
-      r.cache = c.cache;
-      r.layer = j;
-      r.n_tokens = static_cast<int>(c.next - c.segment);
-      r.q = c.q.data() + c.segment * q_row;
-      r.out = c.out.data() + c.segment * q_row;
-      r.token_max_positions = c.positions.data() + c.segment;
-      if (!c.lows.empty()) r.token_min_positions = c.lows.data() + c.segment;
-      requests.push_back(r);
-      c.segment = c.next;
-    }
-    if (requests.empty()) break;
-    e8kv::attend_batch(requests, options);
-  }
-  for (const Cursor& c : cursors)
-    for (size_t i = 0; i < c.group->tokens.size(); ++i)
-      std::copy(c.out.data() + i * q_row, c.out.data() + (i + 1) * q_row, out_row(dst, c.group->tokens[i]));
+  if (requests.empty()) return;
+  gc.compressor->append_attend(requests, &gang_);
+  for (size_t w = 0; w < which.size(); ++w)
+    for (size_t i = 0; i < which[w]->tokens.size(); ++i)
+      std::copy(rows[w].out.data() + i * q_row, rows[w].out.data() + (i + 1) * q_row, out_row(dst, which[w]->tokens[i]));
 }
 
 void Memory::refuse_graph(const std::string& why) {
