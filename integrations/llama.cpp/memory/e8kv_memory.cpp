@@ -9,6 +9,7 @@
 #include <limits>
 #include <stdexcept>
 
+#include "e8kv/entropy/checksum.hpp"
 #include "e8kv/entropy/container.hpp"
 #include "ggml-backend.h"
 #include "llama-impl.h"
@@ -20,8 +21,9 @@ namespace e8kv_llama {
 
 namespace {
 constexpr uint32_t kStateMagic = 0x4d4b3845;  // "E8KM": e8kv memory state
-// Version 1: one container per sequence (one layer group). Version 2: per sequence a group count,
-// then per group a container (length 0: the group holds nothing yet).
+// Version 1: one container per sequence (one layer group). Version 2: per sequence its id,
+// positions and group count with a CRC-32C of those, then per group a container (each with its
+// own checksums): nothing a state holds is taken on trust.
 constexpr uint32_t kStateVersion = 2;
 constexpr uint64_t kMaxStateBlob = uint64_t(1) << 36;
 
@@ -420,10 +422,11 @@ void Memory::state_write(llama_io_write_i& io, llama_seq_id seq_id, llama_state_
   io.write(header, sizeof(header));
   for (size_t id : ids) {
     const Sequence& s = seqs_[id];
-    const int32_t meta[3] = {static_cast<int32_t>(id), s.pos_min, s.pos_max};
-    const uint32_t n_groups = static_cast<uint32_t>(groups_.size());
-    io.write(meta, sizeof(meta));
-    io.write(&n_groups, sizeof(n_groups));
+    int32_t meta[4] = {static_cast<int32_t>(id), s.pos_min, s.pos_max, static_cast<int32_t>(groups_.size())};
+    const uint32_t crc = e8kv::entropy::crc32c(meta, sizeof(meta));
+    io.write(meta, 3 * sizeof(int32_t));
+    io.write(&meta[3], sizeof(int32_t));
+    io.write(&crc, sizeof(crc));
     for (size_t g = 0; g < groups_.size(); ++g) {
       const std::vector<uint8_t> blob =
           g < s.caches.size() && s.caches[g] ? e8kv::entropy::serialize(*s.caches[g]) : std::vector<uint8_t>();
@@ -434,7 +437,18 @@ void Memory::state_write(llama_io_write_i& io, llama_seq_id seq_id, llama_state_
   }
 }
 
-void Memory::state_read(llama_io_read_i& io, llama_seq_id seq_id, llama_state_seq_flags /*flags*/) {
+void Memory::state_read(llama_io_read_i& io, llama_seq_id seq_id, llama_state_seq_flags flags) {
+  try {
+    read_state(io, seq_id, flags);
+  } catch (const std::exception& e) {
+    // llama.cpp's readers throw at a state's end ("unexpectedly reached end of buffer"): say whose.
+    const std::string what = e.what();
+    if (what.rfind("e8kv memory", 0) == 0) throw;
+    throw std::runtime_error("e8kv memory: the state cannot be read (" + what + "); nothing was changed");
+  }
+}
+
+void Memory::read_state(llama_io_read_i& io, llama_seq_id seq_id, llama_state_seq_flags /*flags*/) {
   uint32_t header[3] = {0, 0, 0};
   io.read(header, sizeof(header));
   if (header[0] != kStateMagic)
@@ -448,10 +462,16 @@ void Memory::state_read(llama_io_read_i& io, llama_seq_id seq_id, llama_state_se
   // Everything is read and checked before any sequence changes: a bad state changes nothing.
   std::vector<std::pair<size_t, Sequence>> restored;
   for (uint32_t i = 0; i < header[2]; ++i) {
-    int32_t meta[3];
-    io.read(meta, sizeof(meta));
-    uint32_t n_groups = 1;  // version 1: one container
-    if (header[1] >= 2) io.read(&n_groups, sizeof(n_groups));
+    int32_t meta[4] = {0, 0, 0, 1};  // version 1: one container, no checksum of these
+    io.read(meta, 3 * sizeof(int32_t));
+    if (header[1] >= 2) {
+      uint32_t crc = 0;
+      io.read(&meta[3], sizeof(int32_t));
+      io.read(&crc, sizeof(crc));
+      if (crc != e8kv::entropy::crc32c(meta, sizeof(meta)))
+        throw std::runtime_error("e8kv memory: a sequence record of the state is corrupt (checksum mismatch)");
+    }
+    const uint32_t n_groups = static_cast<uint32_t>(meta[3]);
     if (n_groups != groups_.size())
       throw std::runtime_error("e8kv memory: the state holds " + std::to_string(n_groups) + " layer groups, this "
                                "model's memory " + std::to_string(groups_.size()) + " (another model?)");
@@ -464,9 +484,23 @@ void Memory::state_read(llama_io_read_i& io, llama_seq_id seq_id, llama_state_se
       if (size > kMaxStateBlob || (size == 0 && header[1] < 2))
         throw std::runtime_error("e8kv memory: a sequence's blob size is corrupt");
       if (size == 0) continue;
-      std::vector<uint8_t> blob(static_cast<size_t>(size));
-      io.read(blob.data(), blob.size());
-      auto cache = std::make_unique<e8kv::CompressedKV>(e8kv::entropy::deserialize(blob.data(), blob.size()));
+      // Read in pieces: a declared length is a claim, and a short state ends the read (llama.cpp's
+      // readers throw at their end) before more than a piece beyond what it holds is allocated.
+      std::vector<uint8_t> blob;
+      constexpr uint64_t kPiece = uint64_t(16) << 20;
+      for (uint64_t done = 0; done < size;) {
+        const uint64_t step = std::min(size - done, kPiece);
+        blob.resize(static_cast<size_t>(done + step));
+        io.read(blob.data() + done, static_cast<size_t>(step));
+        done += step;
+      }
+      std::unique_ptr<e8kv::CompressedKV> cache;
+      try {
+        cache = std::make_unique<e8kv::CompressedKV>(e8kv::entropy::deserialize(blob.data(), blob.size()));
+      } catch (const std::exception& e) {
+        throw std::runtime_error("e8kv memory: the state's cache of " + groups_[g].layers.describe() +
+                                 " is refused: " + e.what());
+      }
       const std::string diff = groups_[g].compressor->layout_difference(cache->layout());
       if (!diff.empty())
         throw std::runtime_error("e8kv memory: the state was written with another e8kv configuration or model (" +
@@ -477,8 +511,15 @@ void Memory::state_read(llama_io_read_i& io, llama_seq_id seq_id, llama_state_se
     s.mode = Sequence::Mode::kCoded;
     s.pos_min = meta[1];
     s.pos_max = meta[2];
-    if (s.pos_min < 0 || s.pos_max < s.pos_min || s.last_coded_position() > s.pos_max)
-      throw std::runtime_error("e8kv memory: corrupt positions in the state");
+    bool inside = s.pos_min >= 0 && s.pos_max >= s.pos_min && s.last_coded_position() <= s.pos_max;
+    for (const auto& c : s.caches)
+      for (int l = 0; c && inside && l < c->n_layers(); ++l) {
+        const std::vector<int32_t> stored = c->stored_positions(l);
+        inside = stored.empty() || stored.front() >= s.pos_min;
+      }
+    if (!inside)
+      throw std::runtime_error("e8kv memory: the state's positions (" + std::to_string(s.pos_min) + " .. " +
+                               std::to_string(s.pos_max) + ") do not hold its caches' positions");
     const size_t target = seq_id >= 0 ? static_cast<size_t>(seq_id) : static_cast<size_t>(meta[0]);
     if (meta[0] < 0 || target >= seqs_.size()) throw std::runtime_error("e8kv memory: the state's sequence id is out of range");
     restored.emplace_back(target, std::move(s));

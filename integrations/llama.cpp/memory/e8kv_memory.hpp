@@ -98,6 +98,8 @@ class Memory final : public llama_memory_i {
     s.reset();
   }
   bool any_codes() const;
+  /// state_read's work: every sequence of the state read and checked, then applied.
+  void read_state(llama_io_read_i& io, llama_seq_id seq_id, llama_state_seq_flags flags);
 
   ModelLayers layers_;
   std::vector<GroupCodec> groups_;

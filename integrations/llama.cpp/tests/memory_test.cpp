@@ -249,6 +249,68 @@ TEST_F(MemoryTest, StateSaveRestoreHoldsContainers) {
   EXPECT_NE(g_log.find("not written by e8kv"), std::string::npos) << g_log;
 }
 
+// Hostile state files (issue 49): a saved sequence truncated at many lengths, with a bit flipped at
+// positions spread over it (llama.cpp's header, e8kv's sequence record, the containers), from
+// another spec and with a huge declared length, loaded into a live
+// context over a sequence it already holds: each is refused with a message, the sequence stays as
+// it was (its next tokens decode bit-identically to a twin context's) and the context decodes on.
+TEST_F(MemoryTest, HostileStatesAreRefusedAndChangeNothing) {
+  ContextPtr src = context("preset=tier-k3v2"), other = context("preset=quant-k2v2"),
+             dst = context("preset=tier-k3v2"), twin = context("preset=tier-k3v2");
+  ASSERT_TRUE(src && other && dst && twin) << g_log;
+  ASSERT_FALSE(decode(src.get(), 0, 120).empty() || decode(other.get(), 0, 120).empty()) << g_log;
+  ASSERT_FALSE(prompt_then_batch(dst.get()).empty() || prompt_then_batch(twin.get()).empty()) << g_log;
+  auto save = [](llama_context* c) {
+    std::vector<uint8_t> st(llama_state_seq_get_size(c, 0));
+    st.resize(llama_state_seq_get_data(c, st.data(), st.size(), 0));
+    return st;
+  };
+  const std::vector<uint8_t> good = save(src.get());
+  ASSERT_GT(good.size(), 64u);
+  std::vector<std::pair<std::string, std::vector<uint8_t>>> hostile;
+  for (size_t n : {size_t(0), size_t(1), size_t(4), size_t(11), size_t(12), size_t(24), size_t(31), size_t(40),
+                   good.size() / 3, good.size() / 2, good.size() - 1})
+    hostile.emplace_back("truncated to " + std::to_string(n), std::vector<uint8_t>(good.begin(), good.begin() + n));
+  const size_t flips = 150;
+  for (size_t i = 0; i < flips; ++i) {
+    std::vector<uint8_t> b = good;
+    const size_t at = i * (b.size() - 1) / (flips - 1);
+    b[at] ^= static_cast<uint8_t>(1u << (i % 8));
+    hostile.emplace_back("bit " + std::to_string(i % 8) + " of byte " + std::to_string(at) + " flipped", b);
+  }
+  hostile.emplace_back("another spec's state", save(other.get()));
+  {
+    // The first sequence record: magic, version, count (12 bytes), then id, pos_min, pos_max,
+    // group count and their checksum (20 bytes), then the container's declared length.
+    std::vector<uint8_t> b = good;
+    const uint64_t huge = uint64_t(1) << 35;
+    std::memcpy(b.data() + 32, &huge, sizeof huge);
+    hostile.emplace_back("a declared length of 32 GiB", b);
+  }
+  llama_memory_t mem = llama_get_memory(dst.get());
+  const llama_pos before = llama_memory_seq_pos_max(mem, 0);
+  size_t refused = 0;
+  for (const auto& [what, bytes] : hostile) {
+    g_log.clear();
+    const size_t read = llama_state_seq_set_data(dst.get(), bytes.data(), bytes.size(), 0);
+    if (read == 0) {
+      ++refused;
+      // llama.cpp's own header of the sequence state comes first (its magic, its reader's end of
+      // buffer); whatever lies in e8kv's part is refused by e8kv's memory, by name.
+      EXPECT_TRUE(g_log.find("e8kv memory") != std::string::npos || g_log.find("error loading state") != std::string::npos)
+          << what << ": no message: " << g_log;
+    } else {
+      ADD_FAILURE() << what << " was accepted";
+    }
+    ASSERT_EQ(llama_memory_seq_pos_max(mem, 0), before) << what;
+  }
+  std::printf("hostile states: %zu of %zu refused, the sequence unchanged\n", refused, hostile.size());
+  const size_t next = kPrompt + kDecoded;
+  const std::vector<float> a = decode(dst.get(), next, next + 8), b = decode(twin.get(), next, next + 8);
+  ASSERT_FALSE(a.empty() || b.empty()) << g_log;
+  EXPECT_EQ(max_abs_diff(a, b), 0.f);
+}
+
 TEST_F(MemoryTest, ContextShiftRefusedLoudly) {
   ContextPtr e8 = context("preset=quant-k3v2");
   ASSERT_TRUE(e8);
