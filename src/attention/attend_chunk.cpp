@@ -199,6 +199,13 @@ void check_and_mask_logits(const ResolvedRequest& r, Segment segment, int64_t t_
                        token, h * G + g, p.layer);
       }
   if (!r.bounded) return;
+  // The positions every token of the request sees (the intersection of their bounds): a stored
+  // token there needs no per-token look (a batch's older tokens, the common case).
+  int32_t seen_lo = r.min_position, seen_hi = r.max_position;
+  for (int token = 0; token < r.n_tokens; ++token) {
+    seen_lo = std::max(seen_lo, r.min_for(token));
+    seen_hi = std::min(seen_hi, r.max_for(token));
+  }
   const auto& ld = p.cache->layer(p.layer);
   for (int h = 0; h < H; ++h) {
     const size_t set = sets == 1 ? 0 : static_cast<size_t>(h);
@@ -207,7 +214,7 @@ void check_and_mask_logits(const ResolvedRequest& r, Segment segment, int64_t t_
                                                                   : ld.positions[set];
     for (int64_t t = 0; t < count[static_cast<size_t>(h)]; ++t) {
       const int32_t at = pos[static_cast<size_t>(t_begin + t)];
-      if (at >= r.min_position && at <= r.max_position && r.token_max.empty()) continue;
+      if (at >= seen_lo && at <= seen_hi) continue;
       for (int token = 0; token < r.n_tokens; ++token) {
         if (at >= r.min_for(token) && at <= r.max_for(token)) continue;
         for (int g = 0; g < G; ++g)

@@ -120,18 +120,25 @@ void Memory::attend_prompt(const llama_ubatch& ub, const TokenGroup& tg, int il,
   if (cache != nullptr && cache->last_position(j) >= 0) {
     std::vector<float> out_codes(n * q_row), lse_codes(n * static_cast<size_t>(n_q));
     std::vector<int32_t> lows;
-    e8kv::AttendRequest r;
-    r.cache = cache;
-    r.layer = j;
-    r.n_tokens = static_cast<int>(n);
-    r.q = qbuf.data();
-    r.out = out_codes.data();
-    r.lse = lse_codes.data();
-    if (gc.layers.window > 0) {
+    if (gc.layers.window > 0)
       for (int32_t p : st.positions) lows.push_back(p - gc.layers.window + 1);
-      r.token_min_positions = lows.data();
+    // Every token of the chunk sees every code (they all precede it): one request per block of
+    // tokens, so that the work items (block × chunk of codes) spread over the op's threads even
+    // when the codes are one chunk (a request's chunk is one item, whatever its tokens).
+    constexpr size_t kBlock = 64;
+    std::vector<e8kv::AttendRequest> requests;
+    for (size_t b = 0; b < n; b += kBlock) {
+      e8kv::AttendRequest r;
+      r.cache = cache;
+      r.layer = j;
+      r.n_tokens = static_cast<int>(std::min(kBlock, n - b));
+      r.q = qbuf.data() + b * q_row;
+      r.out = out_codes.data() + b * q_row;
+      r.lse = lse_codes.data() + b * static_cast<size_t>(n_q);
+      if (!lows.empty()) r.token_min_positions = lows.data() + b;
+      requests.push_back(r);
     }
-    e8kv::attend_batch({r}, options);
+    e8kv::attend_batch(requests, options);
     for (size_t i = 0; i < n; ++i)
       e8kv::merge_attention(out.data() + i * q_row, lse.data() + i * n_q, out_codes.data() + i * q_row,
                             lse_codes.data() + i * n_q, n_q, d, out.data() + i * q_row, lse.data() + i * n_q);

@@ -15,9 +15,17 @@ void SpinBarrier::wait(int n) {
     generation_.fetch_add(1, std::memory_order_release);
     return;
   }
-  // Spin briefly (the other threads are usually microseconds away), then yield the core.
-  for (int spins = 0; generation_.load(std::memory_order_acquire) == generation; ++spins)
-    if (spins > 512) std::this_thread::yield();
+  // Spin (the other threads are usually microseconds away: each has its core, as llama.cpp's own
+  // threads spin between ops), then yield the core when the wait grows long (an oversubscribed host).
+  for (int spins = 0; generation_.load(std::memory_order_acquire) == generation; ++spins) {
+    if (spins < (1 << 14)) {
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+    } else {
+      std::this_thread::yield();
+    }
+  }
 }
 
 void OpGang::begin(int n_threads) {
