@@ -6,8 +6,8 @@
 # generated after DEPTH tokens), llama-bench's own t/s. Rows: llama.cpp's types (-ctk/-ctv; its
 # Hadamard rotation of quantized caches on by default) and e8kv as llama.cpp's KV memory
 # (`e8kv:SPEC` rows, --kv-e8kv SPEC). Peak RSS of each run from /usr/bin/time (model, compute
-# buffers and the cache at its largest); e8kv's bits per element over the run from the memory's own
-# line at exit (every sequence llama-bench ran, warm-ups included).
+# buffers and the cache at its largest). (llama-bench silences llama.cpp's log, and with it e8kv's
+# bits line: the bits are in scripts/llama-cpp-kv-types.sh's tables.)
 #
 #   scripts/llama-cpp-speed.sh [depths (default "4096")] [rows] [threads (default "1 2")]
 #   E8KV_LLAMA_MODEL=gemma3   another model (scripts/fetch-model.sh names)
@@ -31,8 +31,8 @@ MODEL="$(bash "$E8KV_ROOT/scripts/fetch-model.sh" "$MODEL_NAME")"
 LOGS="$(dirname "$BIN")/bench-logs"
 mkdir -p "$LOGS"
 echo "llama-bench, $MODEL_NAME, pp$N_PROMPT and tg$N_GEN at depth -d, -fa on, -r $REPS, -b 2048 -ub 512 (llama-bench's defaults); $(date -u +%F), $(nproc) cores"
-printf "| %-24s | %6s | %7s | %-16s | %-16s | %9s | %9s |\n" "KV cache" depth threads "pp$N_PROMPT t/s" "tg$N_GEN t/s" "peak RSS" "e8kv bits"
-printf "|%s|%s|%s|%s|%s|%s|%s|\n" "--------------------------" "--------" "---------" "------------------" "------------------" "-----------" "-----------"
+printf "| %-24s | %6s | %7s | %-16s | %-16s | %9s |\n" "KV cache" depth threads "pp$N_PROMPT t/s" "tg$N_GEN t/s" "peak RSS"
+printf "|%s|%s|%s|%s|%s|%s|\n" "--------------------------" "--------" "---------" "------------------" "------------------" "-----------"
 for d in $DEPTHS; do
   for t in $THREADS; do
     for r in $ROWS; do
@@ -40,18 +40,20 @@ for d in $DEPTHS; do
         e8kv:*) kv=(--kv-e8kv "${r#e8kv:}") ;;
         *) kv=(-ctk "$r" -ctv "$r") ;;
       esac
-      log="$LOGS/$MODEL_NAME-d$d-t$t-${r//[:=,]/_}.log"
+      log="$LOGS/$MODEL_NAME-d$d-t$t-pp$N_PROMPT-tg$N_GEN-${r//[:=,]/_}.log"
       [ "$QUIET" = 1 ] || echo "[speed] $r, depth $d, $t threads" >&2
       if ! /usr/bin/time -f "maxrss_kb %M" "$BIN/llama-bench" -m "$MODEL" -p "$N_PROMPT" -n "$N_GEN" -d "$d" -fa 1 \
            -t "$t" -r "$REPS" -o md "${kv[@]}" > "$log" 2>&1; then
         echo "[speed] $r failed, see $log" >&2
         continue
       fi
-      pp=$(grep -E "\| +pp$N_PROMPT @ d$d +\|" "$log" | awk -F'|' '{print $(NF-1)}' | xargs || true)
-      tg=$(grep -E "\| +tg$N_GEN @ d$d +\|" "$log" | awk -F'|' '{print $(NF-1)}' | xargs || true)
+      # llama-bench names a test "pp512 @ d4096", or "pp512" at depth 0.
+      at=" @ d$d"
+      [ "$d" = 0 ] && at=""
+      pp=$(grep -E "\| +pp$N_PROMPT$at +\|" "$log" | awk -F'|' '{print $(NF-1)}' | xargs || true)
+      tg=$(grep -E "\| +tg$N_GEN$at +\|" "$log" | awk -F'|' '{print $(NF-1)}' | xargs || true)
       rss=$(grep -oE "maxrss_kb [0-9]+" "$log" | awk '{printf "%.0f MiB", $2 / 1024}')
-      bits=$(grep -oE "bits per element over the run: [0-9.]+" "$log" | grep -oE "[0-9.]+$" || true)
-      printf "| %-24s | %6s | %7s | %-16s | %-16s | %9s | %9s |\n" "$r" "$d" "$t" "${pp:--}" "${tg:--}" "$rss" "${bits:--}"
+      printf "| %-24s | %6s | %7s | %-16s | %-16s | %9s |\n" "$r" "$d" "$t" "${pp:--}" "${tg:--}" "$rss"
     done
   done
 done
