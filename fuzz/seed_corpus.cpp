@@ -1,7 +1,7 @@
 // Seed corpus of the container fuzzers (fuzz/seed_corpus.hpp): small synthetic caches compressed
 // with every preset, written as format version 1 (qweight=0, gain_bits=16, rope=pre), version 2
-// (rope=pre), version 3 (rope=residual, the default), version 4 (an fp16 tier) and version 5 (a
-// code tier), plus per-head positions with post-RoPE keys and scaled RoPE, a pending query energy,
+// (rope=pre), version 3 (rope=residual, the default), version 4 (an fp16 tier), version 5 (a
+// code tier coded as is) and version 6 (a centred code tier and RoPE frequency factors), plus per-head positions with post-RoPE keys and scaled RoPE, a pending query energy,
 // an empty cache and plain fp16 / bf16 containers. Each blob is at most a few tens of KB.
 #include "seed_corpus.hpp"
 
@@ -89,7 +89,8 @@ int write_seed_corpus(const std::string& dir) {
   entropy::ContainerOptions chunks;
   chunks.chunk_tokens = 16;
   // Every preset, each format version it can be written in: 40 tokens, 6 of them appended (a
-  // residual window); the tier presets are version 5 whatever the rest asks.
+  // residual window); the tier presets are version 5 in the pre-RoPE key frame (a tier coded as is)
+  // and 6 in the residual one (the tier centred on the head's means).
   std::stringstream names(Config::preset_names());
   std::string preset;
   uint64_t seed = 100;
@@ -103,7 +104,8 @@ int write_seed_corpus(const std::string& dir) {
           Config::parse("preset=" + preset + ",mean_tokens=8,residual=4,flush=8,sinks=2,recent=8" + spec_tail);
       const std::vector<uint8_t> bytes = entropy::serialize(make_cache(spec(40, 64, ++seed), cfg, 6), chunks);
       const int version = entropy::read_info(bytes.data(), bytes.size()).format_version;
-      if (version != (cfg.code_tier > 0 ? 5 : name[1] - '0'))  // the tier presets need version 5
+      const int expected = cfg.code_tier > 0 ? (cfg.tier_center && name[1] == '3' ? 6 : 5) : name[1] - '0';
+      if (version != expected)
         throw Error("write_seed_corpus: preset " + preset + " " + name + " was written as version " +
                     std::to_string(version));
       w.add(preset + "-" + name, bytes);
@@ -131,15 +133,28 @@ int write_seed_corpus(const std::string& dir) {
       throw Error("write_seed_corpus: the fp16-tier cache was not written as version 4");
     w.add(std::string("fp16-tier") + (*tail ? "-per-head" : ""), bytes);
   }
-  // Version 5: a code tier (a second code stream per head), shared and per-head sets, beside an
-  // fp16 tier.
-  for (const char* tail : {"", ",per_head=1,evict=0.3,fp16_tier=0.05"}) {
-    const Config cfg = Config::parse(std::string("preset=quant-k3v2,code_tier=0.2,mean_tokens=8,residual=4,flush=8,"
-                                                 "sinks=2,recent=4") + tail);
+  // Version 5: a code tier coded as is (a second code stream per head), shared and per-head sets,
+  // beside an fp16 tier. Version 6: the same tier centred on the head's means, and RoPE frequency
+  // factors (llama.cpp's rope_freqs).
+  const struct {
+    const char* name;
+    const char* tail;
+    int version;
+  } tiers[] = {{"code-tier", ",tier_center=0", 5},
+               {"code-tier-per-head", ",tier_center=0,per_head=1,evict=0.3,fp16_tier=0.05", 5},
+               {"centred-tier", "", 6},
+               {"centred-tier-per-head", ",per_head=1,evict=0.3,fp16_tier=0.05", 6},
+               {"rope-factors", ",tier_center=0", 6}};
+  for (const auto& t : tiers) {
+    Config cfg = Config::parse(std::string("preset=quant-k3v2,code_tier=0.2,mean_tokens=8,residual=4,flush=8,"
+                                           "sinks=2,recent=4") + t.tail);
+    if (std::string(t.name) == "rope-factors")  // one factor per rotary pair of head_dim 64, as Llama-3's
+      for (int i = 0; i < 32; ++i) cfg.rope.freq_factors.push_back(i < 8 ? 1.0f : i < 24 ? 1.0f + 0.25f * (i - 7) : 8.0f);
     const std::vector<uint8_t> bytes = entropy::serialize(make_cache(spec(40, 64, ++seed), cfg, 6), chunks);
-    if (entropy::read_info(bytes.data(), bytes.size()).format_version != 5)
-      throw Error("write_seed_corpus: the code-tier cache was not written as version 5");
-    w.add(std::string("code-tier") + (*tail ? "-per-head" : ""), bytes);
+    const int version = entropy::read_info(bytes.data(), bytes.size()).format_version;
+    if (version != t.version)
+      throw Error(std::string("write_seed_corpus: ") + t.name + " was written as version " + std::to_string(version));
+    w.add(t.name, bytes);
   }
   // Nothing flushed yet: the observation queries' energy is pending (version 2).
   w.add("pending-energy", entropy::serialize(make_cache(spec(6, 64, 201), Config::parse("preset=high"), 0), chunks));
