@@ -6,7 +6,8 @@
 # and alone on this machine; REPS repetitions per row (each on an erased slot), medians printed.
 #
 #   bench/server_ttft.sh [PROMPT (default 16384)] [REPS (default 3)] [rows (default "f16 e8kv:preset=quant-k3v2 e8kv:preset=tier-k3v2")]
-#   E8KV_LLAMA_MODEL=NAME   a model of scripts/fetch-model.sh (default smollm2)
+#   E8KV_LLAMA_MODEL=NAME   a model of scripts/fetch-model.sh (default gemma3: llama-server caps a slot's
+#                           context at the model's training context, SmolLM2's 8,192 is below the default prompt)
 # Loopback only; the servers are stopped on exit.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/env.sh"
@@ -14,7 +15,7 @@ PROMPT="${1:-16384}"
 REPS="${2:-3}"
 ROWS="${3:-f16 e8kv:preset=quant-k3v2 e8kv:preset=tier-k3v2}"
 BIN="$(bash "$E8KV_ROOT/scripts/build-llama-cpp.sh" llama-server)"
-MODEL="$(bash "$E8KV_ROOT/scripts/fetch-model.sh" "${E8KV_LLAMA_MODEL:-smollm2}")"
+MODEL="$(bash "$E8KV_ROOT/scripts/fetch-model.sh" "${E8KV_LLAMA_MODEL:-gemma3}")"
 TEXT_DIR="$(dirname "$(bash "$E8KV_ROOT/scripts/fetch-text.sh" | head -1)")"
 WORK="$(mktemp -d)"
 PID=""
