@@ -3,7 +3,8 @@
 # lengths: a PROMPT-token document (first turn: the whole prefill), then a 256-token second turn
 # that extends it (/completion with cache_prompt: the server keeps the first turn's cache and
 # processes only the new tokens), n_predict 1, greedy. One server per cache option, started fresh
-# and alone on this machine; REPS repetitions per row (each on an erased slot), medians printed.
+# and alone on this machine; REPS repetitions per row (each on an erased slot: the slot actions need
+# --slot-save-path), medians printed.
 #
 #   bench/server_ttft.sh [PROMPT (default 16384)] [REPS (default 3)] [rows (default "f16 e8kv:preset=quant-k3v2 e8kv:preset=tier-k3v2")]
 #   E8KV_LLAMA_MODEL=NAME   a model of scripts/fetch-model.sh (default gemma3: llama-server caps a slot's
@@ -20,7 +21,7 @@ TEXT_DIR="$(dirname "$(bash "$E8KV_ROOT/scripts/fetch-text.sh" | head -1)")"
 WORK="$(mktemp -d)"
 PID=""
 cleanup() {
-  [ -n "$PID" ] && kill "$PID" 2>/dev/null && wait "$PID" 2>/dev/null
+  [ -n "$PID" ] && { pkill -P "$PID" 2>/dev/null; wait "$PID" 2>/dev/null; }
   rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -34,15 +35,16 @@ for r in $ROWS; do
     *) kv=(-ctk "$r" -ctv "$r") ;;
   esac
   log="$WORK/server-${r//[:=,]/_}.log"
-  /usr/bin/time -f "maxrss_kb %M" "$BIN/llama-server" -m "$MODEL" -c $((PROMPT + 1024)) -b 2048 -ub 512 -np 1 -fa on \
+  /usr/bin/time -f "maxrss_kb %M" "$BIN/llama-server" -m "$MODEL" -c $((PROMPT + 1024)) -b 2048 -ub 512 -np 1 -fa on --slot-save-path "$WORK" \
     -t "$E8KV_JOBS" --port "$port" --host 127.0.0.1 "${kv[@]}" > "$log" 2>&1 &
   PID=$!
   for _ in $(seq 1 240); do curl -sf "http://127.0.0.1:$port/health" >/dev/null && break; sleep 0.5; done
   times="$(python3 "$E8KV_ROOT/bench/server_ttft.py" --port "$port" --text "$TEXT_DIR/tech.txt" --text "$TEXT_DIR/fiction.txt" \
            --prompt "$PROMPT" --reps "$REPS")" || { echo "[server-ttft] $r failed; server log:" >&2; tail -20 "$log" >&2; exit 1; }
-  kill "$PID"
+  # Stop the server, not /usr/bin/time around it (which then prints the peak RSS).
+  pkill -P "$PID" 2>/dev/null || true
   wait "$PID" 2>/dev/null || true
   PID=""
-  rss=$(grep -oE "maxrss_kb [0-9]+" "$log" | awk '{printf "%.0f MiB", $2 / 1024}')
+  rss=$(grep -oE "maxrss_kb [0-9]+" "$log" | awk '{printf "%.0f MiB", $2 / 1024}' || true)
   printf "| %-24s | %14s | %18s | %9s |\n" "$r" "$(echo "$times" | cut -d' ' -f1) ms" "$(echo "$times" | cut -d' ' -f2) ms" "$rss"
 done
