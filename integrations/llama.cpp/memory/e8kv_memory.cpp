@@ -2,6 +2,10 @@
 // e8kv containers). See llama-e8kv-memory.h for what a prompt and a later token see.
 #include "e8kv_memory.hpp"
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -92,6 +96,16 @@ Sequence& Memory::sequence(llama_seq_id id) {
 const Sequence* Memory::find(llama_seq_id id) const {
   if (id < 0 || static_cast<size_t>(id) >= seqs_.size()) return nullptr;
   return &seqs_[static_cast<size_t>(id)];
+}
+
+void Memory::return_free_pages(bool always) {
+  const size_t now = resident_bytes();
+  trimmed_at_ = std::min(trimmed_at_, now);  // sequences dropped since: count growth from here
+  if (!always && now < trimmed_at_ + kTrimStep) return;
+  trimmed_at_ = now;
+#if defined(__GLIBC__)
+  malloc_trim(0);  // whole free pages of every arena, not only the top of the main heap
+#endif
 }
 
 bool Memory::any_codes() const {
@@ -246,6 +260,7 @@ bool Memory::ubatch_computed(const MemoryContext& context) {
       ok = false;
     }
   }
+  return_free_pages(false);
   return ok;
 }
 

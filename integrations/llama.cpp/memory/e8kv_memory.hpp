@@ -98,6 +98,12 @@ class Memory final : public llama_memory_i {
     s.reset();
   }
   bool any_codes() const;
+  /// Hands the heap's free pages back to the system once the codes have grown by kTrimStep since
+  /// the last time (or always, when `always`). The codes grow a sixteenth at a time; glibc keeps
+  /// each freed old block in its heap once its mmap threshold has risen past it, which left about
+  /// twice the cache's size resident beside it at 32K tokens.
+  void return_free_pages(bool always);
+  static constexpr size_t kTrimStep = size_t{8} << 20;
   /// state_read's work: every sequence of the state read and checked, then applied.
   void read_state(llama_io_read_i& io, llama_seq_id seq_id, llama_state_seq_flags flags);
 
@@ -112,6 +118,7 @@ class Memory final : public llama_memory_i {
   std::string broken_;  ///< set when the graph asks for what the memory cannot do; every batch refused
   std::vector<float> layer_scale_;  ///< per model layer: the softmax scale its graph passes (0: not built yet)
   size_t staged_peak_ = 0;
+  size_t trimmed_at_ = 0;  ///< resident_bytes() when the heap was last trimmed
   double run_bytes_ = 0, run_elements_ = 0;
   std::vector<double> run_group_bytes_, run_group_elements_;
   int64_t run_sequences_ = 0, run_tokens_ = 0;
