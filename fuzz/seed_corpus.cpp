@@ -1,8 +1,8 @@
 // Seed corpus of the container fuzzers (fuzz/seed_corpus.hpp): small synthetic caches compressed
 // with every preset, written as format version 1 (qweight=0, gain_bits=16, rope=pre), version 2
 // (rope=pre), version 3 (rope=residual, the default), version 4 (an fp16 tier), version 5 (a
-// code tier coded as is) and version 6 (a centred code tier and RoPE frequency factors), plus per-head positions with post-RoPE keys and scaled RoPE, a pending query energy,
-// an empty cache and plain fp16 / bf16 containers. Each blob is at most a few tens of KB.
+// code tier coded as is) and version 6 (a centred code tier, RoPE frequency factors), plus
+// per-head positions with post-RoPE keys and scaled RoPE, a pending query energy, an empty cache and plain fp16 / bf16 containers. Each blob is at most a few tens of KB.
 #include "seed_corpus.hpp"
 
 #include <algorithm>
@@ -140,15 +140,16 @@ int write_seed_corpus(const std::string& dir) {
     const char* name;
     const char* tail;
     int version;
-  } tiers[] = {{"code-tier", ",tier_center=0", 5},
-               {"code-tier-per-head", ",tier_center=0,per_head=1,evict=0.3,fp16_tier=0.05", 5},
-               {"centred-tier", "", 6},
-               {"centred-tier-per-head", ",per_head=1,evict=0.3,fp16_tier=0.05", 6},
-               {"rope-factors", ",tier_center=0", 6}};
+    bool rope_factors;  // one factor per rotary pair of head_dim 64, shaped like Llama-3's
+  } tiers[] = {{"code-tier", ",tier_center=0", 5, false},
+               {"code-tier-per-head", ",tier_center=0,per_head=1,evict=0.3,fp16_tier=0.05", 5, false},
+               {"centred-tier", "", 6, false},
+               {"centred-tier-per-head", ",per_head=1,evict=0.3,fp16_tier=0.05", 6, false},
+               {"rope-factors", ",tier_center=0", 6, true}};
   for (const auto& t : tiers) {
     Config cfg = Config::parse(std::string("preset=quant-k3v2,code_tier=0.2,mean_tokens=8,residual=4,flush=8,"
                                            "sinks=2,recent=4") + t.tail);
-    if (std::string(t.name) == "rope-factors")  // one factor per rotary pair of head_dim 64, as Llama-3's
+    if (t.rope_factors)
       for (int i = 0; i < 32; ++i) cfg.rope.freq_factors.push_back(i < 8 ? 1.0f : i < 24 ? 1.0f + 0.25f * (i - 7) : 8.0f);
     const std::vector<uint8_t> bytes = entropy::serialize(make_cache(spec(40, 64, ++seed), cfg, 6), chunks);
     const int version = entropy::read_info(bytes.data(), bytes.size()).format_version;

@@ -98,10 +98,10 @@ const Sequence* Memory::find(llama_seq_id id) const {
   return &seqs_[static_cast<size_t>(id)];
 }
 
-void Memory::return_free_pages(bool always) {
+void Memory::return_free_pages() {
   const size_t now = resident_bytes();
   trimmed_at_ = std::min(trimmed_at_, now);  // sequences dropped since: count growth from here
-  if (!always && now < trimmed_at_ + kTrimStep) return;
+  if (now < trimmed_at_ + kTrimStep) return;
   trimmed_at_ = now;
 #if defined(__GLIBC__)
   malloc_trim(0);  // whole free pages of every arena, not only the top of the main heap
@@ -260,7 +260,7 @@ bool Memory::ubatch_computed(const MemoryContext& context) {
       ok = false;
     }
   }
-  return_free_pages(false);
+  return_free_pages();
   return ok;
 }
 
