@@ -137,11 +137,21 @@ void resolve_bounds(const AttendRequest& a, attention::ResolvedRequest& r) {
 
 }  // namespace
 
+namespace {
+/// Query tokens of a request from which its work items are cut per KV head.
+constexpr int kTokensPerHeadItem = 4;
+}  // namespace
+
 void attend_batch(const std::vector<AttendRequest>& requests, const AttendOptions& options) {
   using attention::ResolvedRequest;
   using attention::Scratch;
   std::vector<ResolvedRequest> resolved(requests.size());
-  std::vector<std::pair<size_t, int64_t>> items;  // (request, chunk)
+  struct Item {
+    size_t request;
+    int64_t chunk;
+    attention::HeadRange heads;
+  };
+  std::vector<Item> items;
   for (size_t i = 0; i < requests.size(); ++i) {
     const AttendRequest& a = requests[i];
     detail::require(a.cache != nullptr, "attend: request {} has no cache", i);
@@ -162,7 +172,12 @@ void attend_batch(const std::vector<AttendRequest>& requests, const AttendOption
       for (int h = 0; h < p.H; ++h)
         r.heads.push_back(attention::prepare_head_query(p, h, a.q + t * per_token + static_cast<size_t>(h) * p.G * p.d));
     r.states.assign(static_cast<size_t>(r.chunks()) * a.n_tokens * p.H * p.G * attention::state_floats(p.d), 0.f);
-    for (int64_t c = 0; c < r.chunks(); ++c) items.emplace_back(i, c);
+    // Per KV head when several query tokens share the chunk (their scores dwarf the cos/sin rows
+    // each item computes once) and threads wait for work: the cut never changes a result.
+    const bool per_head = a.n_tokens >= kTokensPerHeadItem && options.executor && options.executor->concurrency() > 1;
+    const int step = per_head ? 1 : p.H;
+    for (int64_t c = 0; c < r.chunks(); ++c)
+      for (int h = 0; h < p.H; h += step) items.push_back({i, c, {h, std::min(h + step, p.H)}});
   }
   // One Scratch per concurrently running item: a pool indexed by a slot taken under a lock.
   std::mutex slots_mutex;
@@ -177,7 +192,8 @@ void attend_batch(const std::vector<AttendRequest>& requests, const AttendOption
       }
     }
     if (!s) s = std::make_unique<Scratch>();
-    attention::run_chunk(resolved[items[static_cast<size_t>(k)].first], items[static_cast<size_t>(k)].second, *s);
+    const Item& item = items[static_cast<size_t>(k)];
+    attention::run_chunk(resolved[item.request], item.chunk, item.heads, *s);
     std::lock_guard<std::mutex> lock(slots_mutex);
     free_slots.push_back(std::move(s));
   });

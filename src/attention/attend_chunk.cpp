@@ -8,6 +8,7 @@
 
 #include "attention/attend_internal.hpp"
 #include "attention/attend_kernels.hpp"
+#include "detail/finite.hpp"
 #include "detail/require.hpp"
 #include "e8kv/cache/cache_codecs.hpp"
 #include "e8kv/codebook/host_decode.hpp"
@@ -176,24 +177,25 @@ void decode_tile(Rows kind, const uint8_t* rows, size_t stride, int blocks, int6
   with_rows<K>(kind, [&](const auto& dec) { K::decode_rows(dec, rows, stride, blocks, n, out); });
 }
 
-// ---- one work item: a chunk of tokens of one request, every head -------------------------------
+// ---- one work item: a chunk of tokens of one request, a range of its heads--------------------------
 
 /// Refuses a chunk whose scores overflowed: a finite query large enough that scale·q·k leaves
 /// the float range would otherwise give a softmax of NaN, dropped as an empty chunk, and an
 /// attention output of zeros. Then, for a request with position bounds, masks (−inf) the tokens
 /// of the chunk outside them.
-void check_and_mask_logits(const ResolvedRequest& r, Segment segment, int64_t t_begin,
+void check_and_mask_logits(const ResolvedRequest& r, HeadRange heads, Segment segment, int64_t t_begin,
                            const std::vector<int64_t>& count, size_t sets, Scratch& s) {
   const LayerPlan& p = r.plan;
-  const int H = p.H, G = p.G;
+  const int G = p.G, Hn = heads.end - heads.begin;
+  auto logits_row = [&](int token, int h, int g) {
+    return s.logits.data() + ((static_cast<size_t>(token) * Hn + (h - heads.begin)) * G + g) * kChunkTokens;
+  };
   for (int token = 0; token < r.n_tokens; ++token)
-    for (int h = 0; h < H; ++h)
+    for (int h = heads.begin; h < heads.end; ++h)
       for (int g = 0; g < G; ++g) {
-        const float* row = s.logits.data() + ((static_cast<size_t>(token) * H + h) * G + g) * kChunkTokens;
+        const float* row = logits_row(token, h, g);
         const int64_t m = count[static_cast<size_t>(h)];
-        bool finite = true;
-        for (int64_t t = 0; t < m; ++t) finite &= std::isfinite(row[t]);
-        if (!finite)
+        if (detail::first_non_finite(row, static_cast<size_t>(m)) < static_cast<size_t>(m))
           detail::fail("attend: the scores of query token {} (query head {}) overflow the float range in layer {}: "
                        "the query or the keys are too large to attend",
                        token, h * G + g, p.layer);
@@ -207,7 +209,7 @@ void check_and_mask_logits(const ResolvedRequest& r, Segment segment, int64_t t_
     seen_hi = std::min(seen_hi, r.max_for(token));
   }
   const auto& ld = p.cache->layer(p.layer);
-  for (int h = 0; h < H; ++h) {
+  for (int h = heads.begin; h < heads.end; ++h) {
     const size_t set = sets == 1 ? 0 : static_cast<size_t>(h);
     const std::vector<int32_t>& pos = segment == Segment::kWindow ? ld.window_positions[set]
                                       : segment == Segment::kTier ? ld.tier_positions[set]
@@ -218,18 +220,18 @@ void check_and_mask_logits(const ResolvedRequest& r, Segment segment, int64_t t_
       for (int token = 0; token < r.n_tokens; ++token) {
         if (at >= r.min_for(token) && at <= r.max_for(token)) continue;
         for (int g = 0; g < G; ++g)
-          s.logits[((static_cast<size_t>(token) * H + h) * G + g) * kChunkTokens + static_cast<size_t>(t)] = kNegInf;
+          logits_row(token, h, g)[t] = kNegInf;
       }
     }
   }
 }
 
 template <class K>
-void run_chunk_body(ResolvedRequest& r, int64_t chunk, Scratch& s) {
+void run_chunk_body(ResolvedRequest& r, int64_t chunk, HeadRange heads, Scratch& s) {
   const LayerPlan& p = r.plan;
   const auto& cache = *p.cache;
   const auto& ld = cache.layer(p.layer);
-  const int H = p.H, G = p.G, d = p.d, blocks = p.blocks;
+  const int H = p.H, G = p.G, d = p.d, blocks = p.blocks, Hn = heads.end - heads.begin;
   const Segment segment = segment_of(p, chunk);
   const bool window = segment == Segment::kWindow, tier = segment == Segment::kTier;
   s.upper = 0xFFFFFFFFu;  // the cached upper RoPE level belongs to the previous item's table
@@ -239,14 +241,14 @@ void run_chunk_body(ResolvedRequest& r, int64_t chunk, Scratch& s) {
   std::vector<int64_t> count(static_cast<size_t>(H));
   for (int h = 0; h < H; ++h)
     count[static_cast<size_t>(h)] = std::clamp<int64_t>(stored[static_cast<size_t>(h)] - t_begin, 0, kChunkTokens);
-  s.logits.assign(static_cast<size_t>(r.n_tokens) * H * G * kChunkTokens, kNegInf);
+  s.logits.assign(static_cast<size_t>(r.n_tokens) * Hn * G * kChunkTokens, kNegInf);
   s.dots.resize(static_cast<size_t>(kMaxGroup) * kSubTile);
   s.mean.resize(static_cast<size_t>(kMaxGroup) * kSubTile);
   s.rows.resize(static_cast<size_t>(kSubTile) * d);
   s.key_gains.resize(static_cast<size_t>(kChunkTokens));
   s.value_gains.resize(static_cast<size_t>(kChunkTokens));
   auto logits_row = [&](int token, int h, int g) {
-    return s.logits.data() + ((static_cast<size_t>(token) * H + h) * G + g) * kChunkTokens;
+    return s.logits.data() + ((static_cast<size_t>(token) * Hn + (h - heads.begin)) * G + g) * kChunkTokens;
   };
   const bool key_engine = window || (!tier && p.key_in_engine_basis);
   const Rows key_rows = window ? Rows::kFp16 : tier ? p.tier_key_rows : p.key_rows;
@@ -259,8 +261,9 @@ void run_chunk_body(ResolvedRequest& r, int64_t chunk, Scratch& s) {
   // Scores, a sub-tile of tokens at a time: cos/sin rows once per position set, then every head.
   for (int64_t s0 = 0; s0 < kChunkTokens; s0 += kSubTile) {
     for (size_t set = 0; set < sets; ++set) {
-      const int h_begin = sets == 1 ? 0 : static_cast<int>(set);
-      const int h_end = sets == 1 ? H : static_cast<int>(set) + 1;
+      const int h_begin = std::max(sets == 1 ? 0 : static_cast<int>(set), heads.begin);
+      const int h_end = std::min(sets == 1 ? H : static_cast<int>(set) + 1, heads.end);
+      if (h_begin >= h_end) continue;
       const int64_t set_count = std::min<int64_t>(count[static_cast<size_t>(h_begin)] - s0, kSubTile);
       if (set_count <= 0) continue;
       if (segment == Segment::kCoded && (p.residual_mean || p.frame == KeyFrame::kPreRope))
@@ -339,13 +342,13 @@ void run_chunk_body(ResolvedRequest& r, int64_t chunk, Scratch& s) {
     }
   }
 
-  check_and_mask_logits(r, segment, t_begin, count, sets, s);
+  check_and_mask_logits(r, heads, segment, t_begin, count, sets, s);
 
   // Softmax of the chunk and the value sums, per head.
   const bool value_engine = window || (!tier && p.value_in_engine_basis);
   const Rows value_rows = window ? Rows::kFp16 : tier ? p.tier_value_rows : p.value_rows;
   const bool value_ahead = !window && value_rows == Rows::kFp32;
-  for (int h = 0; h < H; ++h) {
+  for (int h = heads.begin; h < heads.end; ++h) {
     const int64_t m = count[static_cast<size_t>(h)];
     const int64_t padded = (m + 7) / 8 * 8;
     const auto& hd = ld.heads[static_cast<size_t>(h)];
@@ -436,11 +439,11 @@ void run_chunk_body(ResolvedRequest& r, int64_t chunk, Scratch& s) {
 
 }  // namespace
 
-void run_chunk(ResolvedRequest& r, int64_t chunk, Scratch& s) {
+void run_chunk(ResolvedRequest& r, int64_t chunk, HeadRange heads, Scratch& s) {
 #if E8KV_HOST_AVX2_DISPATCH
-  if (cpu_has_avx2_fma()) return run_chunk_body<attention::kernels::KernelsAvx2Fma>(r, chunk, s);
+  if (cpu_has_avx2_fma()) return run_chunk_body<attention::kernels::KernelsAvx2Fma>(r, chunk, heads, s);
 #endif
-  run_chunk_body<attention::kernels::KernelsPortable>(r, chunk, s);
+  run_chunk_body<attention::kernels::KernelsPortable>(r, chunk, heads, s);
 }
 
 }  // namespace e8kv::attention

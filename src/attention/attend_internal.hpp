@@ -6,7 +6,8 @@
 // Plan of one call: every request (sequence × layer × query tokens) is cut into work items of
 // kChunkTokens stored tokens (coded chunks first, then the code tier's, then the fp16 window),
 // each item covering all KV heads so the cos/sin rows of the RoPE-residual mean term are
-// computed once per position.
+// computed once per position; a request of several query tokens (whose scores outweigh those
+// rows) is cut per KV head as well, so that a batch's few chunks still spread over the threads.
 // An item scores its tokens for every query token and head, takes the chunk's softmax and sums
 // the values, leaving a partial state (max, Σp, Σp over coded tokens, weighted value sum) per
 // (query token, query head). States are merged in chunk order once every item has run, so the
@@ -160,8 +161,14 @@ struct Scratch {
   uint32_t upper = 0xFFFFFFFFu;
 };
 
-/// One work item: chunk `chunk` of request r, every query token and head, into r's states.
-void run_chunk(ResolvedRequest& r, int64_t chunk, Scratch& s);
+/// KV heads [begin, end) of a work item.
+struct HeadRange {
+  int begin = 0, end = 0;
+};
+
+/// One work item: chunk `chunk` of request r for the KV heads of `heads` (their query heads),
+/// every query token, into r's states.
+void run_chunk(ResolvedRequest& r, int64_t chunk, HeadRange heads, Scratch& s);
 /// Merges r's states in chunk order into out and lse.
 void finish_request(ResolvedRequest& r);
 
