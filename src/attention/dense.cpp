@@ -44,6 +44,7 @@ struct Scratch {
   std::vector<float> logits;     // [token][g][kTileRows]
   std::vector<float> weights;    // [kTileRows][G]
   std::vector<float> m, l, acc;  // [token][g], [token][g], [token][g][d]
+  std::vector<int64_t> visible_lo, visible_hi;  // [token]: the rows it sees, [lo, hi)
 };
 
 /// Calls f(std::integral_constant<int, NG>) for the kernel group size of `remaining` heads.
@@ -56,15 +57,20 @@ int with_group(int remaining, F&& f) {
   return f(std::integral_constant<int, 1>{}), 1;
 }
 
+/// Rows [r0, r0 + n) of KV head h as float rows for the kernels (Fp32RowDecoder): fp32 rows where
+/// they lie (*stride: the engine's row stride), fp16 rows widened once into `widened` (d floats
+/// apart) for every token and head of the block.
 template <class K>
-void widen_tile(const Job& j, const void* base, int64_t r0, int64_t n, int h, float* out) {
+const uint8_t* tile_rows(const Job& j, const void* base, int64_t r0, int64_t n, int h, float* widened, size_t* stride) {
   const auto* rows = static_cast<const uint8_t*>(base) + (static_cast<size_t>(r0 * j.row_stride) + static_cast<size_t>(h) * j.d) * j.elem;
-  const size_t stride = static_cast<size_t>(j.row_stride) * j.elem;
-  if (j.kv->dtype == DType::kF16)
-    K::decode_rows(typename K::Fp16RowDecoder{}, rows, stride, j.blocks, n, out);
-  else
-    K::decode_rows(typename K::Fp32RowDecoder{}, rows, stride, j.blocks, n, out);
+  *stride = static_cast<size_t>(j.row_stride) * j.elem;
+  if (j.kv->dtype == DType::kF32) return rows;
+  K::decode_rows(typename K::Fp16RowDecoder{}, rows, *stride, j.blocks, n, widened);
+  *stride = static_cast<size_t>(j.d) * sizeof(float);
+  return reinterpret_cast<const uint8_t*>(widened);
 }
+
+void check_rows_finite(const DenseRows& kv, int64_t row_stride, int64_t width);
 
 template <class K>
 void run_block(const Job& j, int64_t block, int h, Scratch& s) {
@@ -83,6 +89,15 @@ void run_block(const Job& j, int64_t block, int h, Scratch& s) {
     const int64_t first_visible = static_cast<int64_t>(qmin) - j.window + 1;
     lo = std::lower_bound(pos, pos + n_rows, first_visible, [](int32_t p, int64_t v) { return p < v; }) - pos;
   }
+  s.visible_lo.resize(static_cast<size_t>(nt));
+  s.visible_hi.resize(static_cast<size_t>(nt));
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t qp = j.qpos[t];
+    s.visible_hi[static_cast<size_t>(t - t0)] = std::upper_bound(pos, pos + n_rows, qp) - pos;
+    s.visible_lo[static_cast<size_t>(t - t0)] =
+        j.window > 0 ? std::lower_bound(pos, pos + n_rows, qp - j.window + 1, [](int32_t p, int64_t v) { return p < v; }) - pos
+                     : 0;
+  }
   const size_t heads = static_cast<size_t>(nt) * G;
   s.m.assign(heads, kNegInf);
   s.l.assign(heads, 0.f);
@@ -91,40 +106,36 @@ void run_block(const Job& j, int64_t block, int h, Scratch& s) {
   s.v.resize(static_cast<size_t>(kTileRows) * d);
   s.logits.resize(heads * kTileRows);
   s.weights.resize(static_cast<size_t>(kTileRows) * 8);
-  const size_t row_bytes = static_cast<size_t>(d) * sizeof(float);
   const typename K::Fp32RowDecoder f32{};
   for (int64_t r0 = lo; r0 < hi; r0 += kTileRows) {
     const int64_t n = std::min(kTileRows, hi - r0);
-    widen_tile<K>(j, j.kv->keys, r0, n, h, s.k.data());
-    widen_tile<K>(j, j.kv->values, r0, n, h, s.v.data());
-    const auto* krows = reinterpret_cast<const uint8_t*>(s.k.data());
-    const auto* vrows = reinterpret_cast<const uint8_t*>(s.v.data());
+    size_t kstride = 0, vstride = 0;
+    const uint8_t* krows = tile_rows<K>(j, j.kv->keys, r0, n, h, s.k.data(), &kstride);
+    const uint8_t* vrows = tile_rows<K>(j, j.kv->values, r0, n, h, s.v.data(), &vstride);
     for (int64_t t = t0; t < t1; ++t) {
-      const int32_t qp = j.qpos[t];
-      const int64_t first = j.window > 0 ? static_cast<int64_t>(qp) - j.window + 1 : std::numeric_limits<int64_t>::min();
+      // The rows token t sees are one run [seen_a, seen_b) of the tile (positions ascend).
+      const int64_t seen_a = std::clamp<int64_t>(s.visible_lo[static_cast<size_t>(t - t0)] - r0, 0, n);
+      const int64_t seen_b = std::clamp<int64_t>(s.visible_hi[static_cast<size_t>(t - t0)] - r0, seen_a, n);
       const float* qt = j.q + (static_cast<size_t>(t) * j.H * G + static_cast<size_t>(h) * G) * d;
       float* lg = s.logits.data() + static_cast<size_t>(t - t0) * G * kTileRows;
       for (int g0 = 0; g0 < G;) {
         g0 += with_group(G - g0, [&](auto ng) {
           constexpr int NG = decltype(ng)::value;
-          K::template dot_rows<NG>(f32, krows, row_bytes, j.blocks, qt + static_cast<size_t>(g0) * d, n,
+          K::template dot_rows<NG>(f32, krows, kstride, j.blocks, qt + static_cast<size_t>(g0) * d, n,
                                    lg + static_cast<size_t>(g0) * kTileRows, kTileRows);
         });
       }
       for (int g = 0; g < G; ++g) {
         float* row = lg + static_cast<size_t>(g) * kTileRows;
-        for (int64_t r = 0; r < n; ++r) {
-          const int32_t p = pos[r0 + r];
-          if (p > qp || p < first) {
-            row[r] = kNegInf;
-            continue;
-          }
-          row[r] *= j.scale;
-          if (!std::isfinite(row[r]))
-            detail::fail("dense_attention: the scores of query token {} (query head {}) overflow the float range",
-                         t, h * G + g);
+        std::fill(row, row + seen_a, kNegInf);
+        for (int64_t r = seen_a; r < seen_b; ++r) row[r] *= j.scale;
+        const size_t seen = static_cast<size_t>(seen_b - seen_a);
+        if (detail::first_non_finite(row + seen_a, seen) < seen) {
+          check_rows_finite(*j.kv, j.row_stride, static_cast<int64_t>(j.H) * d);  // a non-finite key, by name
+          detail::fail("dense_attention: the scores of query token {} (query head {}) overflow the float range",
+                       t, h * G + g);
         }
-        for (int64_t r = n; r < kTileRows; ++r) row[r] = kNegInf;
+        std::fill(row + seen_b, row + kTileRows, kNegInf);
       }
       // The tile's softmax per query head, merged into the running state; then its value sums.
       float* acc = s.acc.data() + static_cast<size_t>(t - t0) * G * d;
@@ -152,7 +163,7 @@ void run_block(const Job& j, int64_t block, int h, Scratch& s) {
             for (int64_t r = 0; r < n; ++r) s.weights[static_cast<size_t>(r) * NG + static_cast<size_t>(g - g0)] = row[r] * b;
           }
           if (any)
-            K::template accumulate_rows<NG>(f32, vrows, row_bytes, j.blocks, s.weights.data(), n,
+            K::template accumulate_rows<NG>(f32, vrows, vstride, j.blocks, s.weights.data(), n,
                                             acc + static_cast<size_t>(g0) * d);
         });
       }
@@ -200,7 +211,7 @@ void dense_attention(const DenseRows& kv, const DenseShape& shape, const float* 
   const int H = shape.n_kv_heads, Q = shape.n_q_heads, d = shape.head_dim;
   detail::require(H >= 1 && Q >= H && Q % H == 0, "dense_attention: n_q_heads {} must be a positive multiple of n_kv_heads {}",
                   Q, H);
-  detail::require(d >= 16 && d <= 1024 && d % 16 == 0, "dense_attention: head_dim {} must be a multiple of 16 in [16, 1024]", d);
+  detail::require(d >= 8 && d <= 1024 && d % 8 == 0, "dense_attention: head_dim {} must be a multiple of 8 in [8, 1024]", d);
   detail::require(kv.dtype == DType::kF16 || kv.dtype == DType::kF32, "dense_attention: rows must be f16 or f32, got {}",
                   to_string(kv.dtype));
   detail::require(n_tokens >= 0 && kv.n >= 0, "dense_attention: negative counts (tokens {}, rows {})", n_tokens, kv.n);
@@ -216,7 +227,6 @@ void dense_attention(const DenseRows& kv, const DenseShape& shape, const float* 
     for (int64_t r = 1; r < kv.n; ++r)
       detail::require(kv.positions[r] > kv.positions[r - 1], "dense_attention: row positions must be strictly ascending "
                       "(row {}: {} after {})", r, kv.positions[r], kv.positions[r - 1]);
-    check_rows_finite(kv, row_stride, width);
   }
   const size_t i = detail::first_non_finite(q, static_cast<size_t>(n_tokens) * Q * d);
   if (i < static_cast<size_t>(n_tokens) * Q * d)
@@ -232,6 +242,14 @@ void dense_attention(const DenseRows& kv, const DenseShape& shape, const float* 
 #endif
     run_block<attention::kernels::KernelsPortable>(j, item / H, static_cast<int>(item % H), s);
   });
+  // Rows are checked where they show: a non-finite key makes a non-finite score (refused above), a
+  // non-finite value a non-finite output; only then are the rows searched, to name it. (A full
+  // pass over every row on each call would cost a decode step as much as the attention itself.)
+  const size_t n_out = static_cast<size_t>(n_tokens) * Q * d;
+  if (detail::first_non_finite(out, n_out) < n_out) {
+    check_rows_finite(kv, row_stride, width);
+    detail::fail("dense_attention: a non-finite output from finite rows and queries");
+  }
 }
 
 }  // namespace e8kv

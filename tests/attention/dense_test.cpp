@@ -1,6 +1,6 @@
 // Dense causal attention over uncompressed rows (attention/dense.hpp) against a float64 reference:
 // outputs and log-sum-exp, causal by position (with gaps), sliding windows, grouped-query heads,
-// head_dim 64 / 128 / 256, fp16 and fp32 rows, strided rows; bit-identical for any thread count;
+// head_dim 8 / 24 / 64 / 128 / 256, fp16 and fp32 rows, strided rows; bit-identical for any thread count;
 // bad arguments refused by name.
 #include "e8kv/attention/dense.hpp"
 
@@ -123,6 +123,7 @@ TEST(DenseAttention, MatchesFloat64Reference) {
       {4, 4, 64, 65, 64, DType::kF16, 0, 5},    {1, 1, 256, 90, 9, DType::kF16, 0, 0},
       {2, 6, 64, 300, 40, DType::kF32, 48, 0},  {3, 9, 128, 1, 3, DType::kF16, 0, 0},
       {2, 14, 64, 129, 129, DType::kF16, 16, 0}, {2, 4, 64, 0, 4, DType::kF32, 0, 0},
+      {2, 4, 8, 70, 20, DType::kF32, 0, 3},     {1, 3, 24, 80, 18, DType::kF16, 0, 0},  // odd blocks of 8
   };
   uint64_t seed = kSeed;
   for (const Case& c : cases) {
@@ -173,7 +174,7 @@ TEST(DenseAttention, RefusesBadArgumentsByName) {
   };
   const DenseShape ok{2, 4, 64, 0.f, 0};
   expect_error(kv, DenseShape{2, 5, 64, 0.f, 0}, x.q.data(), "n_q_heads");
-  expect_error(kv, DenseShape{2, 4, 72, 0.f, 0}, x.q.data(), "head_dim");
+  expect_error(kv, DenseShape{2, 4, 68, 0.f, 0}, x.q.data(), "head_dim");
   expect_error(kv, DenseShape{2, 4, 64, 0.f, -1}, x.q.data(), "window");
   DenseRows bf = kv;
   bf.dtype = DType::kBF16;
@@ -189,6 +190,11 @@ TEST(DenseAttention, RefusesBadArgumentsByName) {
   DenseRows nan_rows = kv;
   nan_rows.keys = k.data();
   expect_error(nan_rows, ok, x.q.data(), "non-finite key");
+  std::vector<float> v = x.v;
+  v[2 * 128 + 70] = std::numeric_limits<float>::infinity();
+  DenseRows inf_values = kv;
+  inf_values.values = v.data();
+  expect_error(inf_values, ok, x.q.data(), "non-finite value at row 2, element 70");
   std::vector<float> q = x.q;
   q[70] = std::numeric_limits<float>::infinity();
   expect_error(kv, ok, q.data(), "non-finite query");

@@ -192,39 +192,9 @@ void matmul(const float* x, int64_t n, int64_t ldx, const PackedMatrix& w, float
   });
 }
 
-// ---- attention --------------------------------------------------------------------------
+// ---- element-wise ----------------------------------------------------------------------
 
 namespace {
-
-void attend_group_scalar(const float* q, int group, int hd, const float* k, const float* v, int64_t stride,
-                         int64_t n_keys, float scale, float* out, float* scratch) {
-  for (int h = 0; h < group; ++h) {
-    float* s = scratch + h * n_keys;
-    const float* qh = q + h * hd;
-    float mx = -std::numeric_limits<float>::infinity();
-    for (int64_t j = 0; j < n_keys; ++j) {
-      const float* kj = k + j * stride;
-      float dot = 0;
-      for (int d = 0; d < hd; ++d) dot += qh[d] * kj[d];
-      s[j] = dot * scale;
-      mx = std::max(mx, s[j]);
-    }
-    double sum = 0;
-    for (int64_t j = 0; j < n_keys; ++j) {
-      s[j] = std::exp(s[j] - mx);
-      sum += s[j];
-    }
-    const float inv = static_cast<float>(1.0 / sum);
-    float* o = out + h * hd;
-    std::fill(o, o + hd, 0.0f);
-    for (int64_t j = 0; j < n_keys; ++j) {
-      const float p = s[j];
-      const float* vj = v + j * stride;
-      for (int d = 0; d < hd; ++d) o[d] += p * vj[d];
-    }
-    for (int d = 0; d < hd; ++d) o[d] *= inv;
-  }
-}
 
 #if E8KV_LLAMA_X86
 // exp(x) for x in [-87, 88]: x = n·ln2 + r with |r| <= ln2/2, exp(r) by a degree-7 polynomial
@@ -246,133 +216,6 @@ __attribute__((target("avx2,fma"))) inline __m256 exp256(__m256 x) {
   return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
 }
 
-__attribute__((target("avx2,fma"))) inline float hsum256(__m256 a) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-// Softmax in place over s[0, n): exp(s - max); returns the sum (fp64).
-__attribute__((target("avx2,fma"))) double softmax_unnormalized_avx2(float* s, int64_t n) {
-  __m256 vmax = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
-  int64_t j = 0;
-  for (; j + 8 <= n; j += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(s + j));
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, vmax);
-  float mx = -std::numeric_limits<float>::infinity();
-  for (float l : lanes) mx = std::max(mx, l);
-  for (; j < n; ++j) mx = std::max(mx, s[j]);
-  const __m256 vmx = _mm256_set1_ps(mx);
-  __m256 vsum = _mm256_setzero_ps();
-  j = 0;
-  for (; j + 8 <= n; j += 8) {
-    const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + j), vmx));
-    _mm256_storeu_ps(s + j, e);
-    vsum = _mm256_add_ps(vsum, e);
-  }
-  double sum = hsum256(vsum);
-  for (; j < n; ++j) {
-    s[j] = _mm256_cvtss_f32(exp256(_mm256_set1_ps(s[j] - mx)));
-    sum += s[j];
-  }
-  return sum;
-}
-
-// G query heads (G <= 3) against the same keys in one pass, so K and V are streamed once for
-// the whole block: scores with G x 4 accumulators (four keys per step), then the weighted sum
-// of values in chunks of NV vectors per head (G x NV <= 12 accumulators).
-template <int G, int NV>
-__attribute__((target("avx2,fma"))) void attend_block_avx2(const float* q, int hd, const float* k, const float* v,
-                                                           int64_t stride, int64_t n_keys, float scale, float* out,
-                                                           float* scratch) {
-  const int nv = hd / 8;
-  const __m128 vscale = _mm_set1_ps(scale);
-  int64_t j = 0;
-  for (; j + 4 <= n_keys; j += 4) {
-    const float* k0 = k + j * stride;
-    __m256 acc[G][4];
-#pragma GCC unroll 3
-    for (int h = 0; h < G; ++h)
-#pragma GCC unroll 4
-      for (int t = 0; t < 4; ++t) acc[h][t] = _mm256_setzero_ps();
-    for (int c = 0; c < nv; ++c) {
-      const __m256 kc0 = _mm256_loadu_ps(k0 + 8 * c);
-      const __m256 kc1 = _mm256_loadu_ps(k0 + stride + 8 * c);
-      const __m256 kc2 = _mm256_loadu_ps(k0 + 2 * stride + 8 * c);
-      const __m256 kc3 = _mm256_loadu_ps(k0 + 3 * stride + 8 * c);
-#pragma GCC unroll 3
-      for (int h = 0; h < G; ++h) {
-        const __m256 qc = _mm256_loadu_ps(q + h * hd + 8 * c);
-        acc[h][0] = _mm256_fmadd_ps(qc, kc0, acc[h][0]);
-        acc[h][1] = _mm256_fmadd_ps(qc, kc1, acc[h][1]);
-        acc[h][2] = _mm256_fmadd_ps(qc, kc2, acc[h][2]);
-        acc[h][3] = _mm256_fmadd_ps(qc, kc3, acc[h][3]);
-      }
-    }
-#pragma GCC unroll 3
-    for (int h = 0; h < G; ++h) {
-      const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(acc[h][0], acc[h][1]), _mm256_hadd_ps(acc[h][2], acc[h][3]));
-      const __m128 r = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
-      _mm_storeu_ps(scratch + h * n_keys + j, _mm_mul_ps(r, vscale));
-    }
-  }
-  for (; j < n_keys; ++j) {
-    const float* kj = k + j * stride;
-    for (int h = 0; h < G; ++h) {
-      __m256 a = _mm256_setzero_ps();
-      for (int c = 0; c < nv; ++c)
-        a = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * hd + 8 * c), _mm256_loadu_ps(kj + 8 * c), a);
-      scratch[h * n_keys + j] = hsum256(a) * scale;
-    }
-  }
-  float inv[G];
-  for (int h = 0; h < G; ++h)
-    inv[h] = static_cast<float>(1.0 / softmax_unnormalized_avx2(scratch + h * n_keys, n_keys));
-
-  for (int c0 = 0; c0 < nv; c0 += NV) {
-    __m256 acc[G][NV];
-#pragma GCC unroll 3
-    for (int h = 0; h < G; ++h)
-#pragma GCC unroll 4
-      for (int t = 0; t < NV; ++t) acc[h][t] = _mm256_setzero_ps();
-    const float* vc = v + 8 * c0;
-    for (int64_t jj = 0; jj < n_keys; ++jj) {
-      const float* vj = vc + jj * stride;
-      __m256 vv[NV];
-#pragma GCC unroll 4
-      for (int t = 0; t < NV; ++t) vv[t] = _mm256_loadu_ps(vj + 8 * t);
-#pragma GCC unroll 3
-      for (int h = 0; h < G; ++h) {
-        const __m256 p = _mm256_broadcast_ss(scratch + h * n_keys + jj);
-#pragma GCC unroll 4
-        for (int t = 0; t < NV; ++t) acc[h][t] = _mm256_fmadd_ps(p, vv[t], acc[h][t]);
-      }
-    }
-#pragma GCC unroll 3
-    for (int h = 0; h < G; ++h) {
-      const __m256 scale_h = _mm256_set1_ps(inv[h]);
-#pragma GCC unroll 4
-      for (int t = 0; t < NV; ++t) _mm256_storeu_ps(out + h * hd + 8 * (c0 + t), _mm256_mul_ps(acc[h][t], scale_h));
-    }
-  }
-}
-
-using BlockFn = void (*)(const float*, int, const float*, const float*, int64_t, int64_t, float, float*, float*);
-
-void attend_group_avx2(const float* q, int group, int hd, const float* k, const float* v, int64_t stride,
-                       int64_t n_keys, float scale, float* out, float* scratch) {
-  static constexpr BlockFn wide[4] = {nullptr, attend_block_avx2<1, 4>, attend_block_avx2<2, 4>,
-                                      attend_block_avx2<3, 4>};
-  static constexpr BlockFn narrow[4] = {nullptr, attend_block_avx2<1, 1>, attend_block_avx2<2, 1>,
-                                        attend_block_avx2<3, 1>};
-  const BlockFn* table = hd % 32 == 0 ? wide : narrow;
-  for (int h0 = 0; h0 < group; h0 += 3) {
-    const int g = std::min(3, group - h0);
-    table[g](q + h0 * hd, hd, k, v, stride, n_keys, scale, out + h0 * hd, scratch);
-  }
-}
-
 __attribute__((target("avx2,fma"))) void swiglu_avx2(const float* g, const float* u, int64_t n, float* out) {
   int64_t i = 0;
   const __m256 one = _mm256_set1_ps(1.0f);
@@ -387,17 +230,6 @@ __attribute__((target("avx2,fma"))) void swiglu_avx2(const float* g, const float
 #endif
 
 }  // namespace
-
-void attend_group(const float* q, int group, int head_dim, const float* k, const float* v, int64_t kv_stride,
-                  int64_t n_keys, float scale, float* out, float* scratch) {
-#if E8KV_LLAMA_X86
-  if (head_dim % 8 == 0 && simd_enabled()) {
-    attend_group_avx2(q, group, head_dim, k, v, kv_stride, n_keys, scale, out, scratch);
-    return;
-  }
-#endif
-  attend_group_scalar(q, group, head_dim, k, v, kv_stride, n_keys, scale, out, scratch);
-}
 
 void rms_norm(const float* x, const float* w, int64_t n, double eps, float* y) {
   double ss = 0;

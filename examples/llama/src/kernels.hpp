@@ -1,6 +1,6 @@
-// Internal compute kernels of the engine (not installed): packed matrix product, one-group
-// attention, RMSNorm and SwiGLU. Each has an AVX2/FMA version chosen at run time and a
-// portable version.
+// Internal compute kernels of the engine (not installed): packed matrix product, RMSNorm and
+// SwiGLU, each with an AVX2/FMA version chosen at run time and a portable version. Attention is
+// the library's (e8kv::dense_attention, e8kv::attend).
 #pragma once
 
 #include <cstdint>
@@ -30,13 +30,6 @@ PackedMatrix pack_stacked(const std::vector<const std::vector<float>*>& blocks, 
 /// y[i][o] (+)= sum_k x[i][k] * W[o][k] for i < n; x rows ldx apart, y rows ldy apart.
 void matmul(const float* x, int64_t n, int64_t ldx, const PackedMatrix& w, float* y, int64_t ldy, bool accumulate,
             ThreadPool& pool);
-
-/// Attention for the `group` query heads sharing one kv head:
-/// out[h] = softmax(scale * q[h]·k_j)_j · v_j over j < n_keys, where q[h] = q + h*head_dim,
-/// k_j = k + j*kv_stride, v_j = v + j*kv_stride, out[h] = out + h*head_dim.
-/// scratch must hold group * n_keys floats. n_keys >= 1.
-void attend_group(const float* q, int group, int head_dim, const float* k, const float* v, int64_t kv_stride,
-                  int64_t n_keys, float scale, float* out, float* scratch);
 
 /// y = x / sqrt(mean(x^2) + eps) * w over n elements (sum of squares in fp64).
 void rms_norm(const float* x, const float* w, int64_t n, double eps, float* y);

@@ -6,9 +6,12 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <unordered_set>
 
+#include "e8kv/attention/dense.hpp"
 #include "e8kv/error.hpp"
+#include "e8kv/parallel.hpp"
 #include "e8kv/llama/gguf.hpp"
 #include "e8kv/llama/thread_pool.hpp"
 #include "kernels.hpp"
@@ -43,6 +46,19 @@ int read_count(const GgufFile& f, const std::string& key, uint64_t lo, uint64_t 
 int read_count(const GgufFile& f, const std::string& key, uint64_t lo, uint64_t hi, uint64_t fallback) {
   return f.has(key) ? read_count(f, key, lo, hi) : static_cast<int>(fallback);
 }
+
+/// The engine's pool as the library's Executor (e8kv::dense_attention takes one).
+class PoolExecutor final : public Executor {
+ public:
+  explicit PoolExecutor(ThreadPool& pool) : pool_(pool) {}
+  int concurrency() const override { return pool_.size(); }
+  void run(int64_t n, const std::function<void(int64_t)>& fn) override {
+    pool_.run(n, [&](int64_t task, int) { fn(task); });
+  }
+
+ private:
+  ThreadPool& pool_;
+};
 
 }  // namespace
 
@@ -290,7 +306,6 @@ std::vector<float> Model::forward(const std::vector<int32_t>& tokens, const std:
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t d = c.n_embd, qd = c.n_q_dim(), kvd = c.n_kv_dim(), ff = c.n_ff, hd = c.head_dim;
   const int64_t qkv_w = qd + 2 * kvd;
-  const int group = c.group_size();
   const int pairs = c.rope_dim / 2;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
   ThreadPool& pool = *pool_;
@@ -325,9 +340,15 @@ std::vector<float> Model::forward(const std::vector<int32_t>& tokens, const std:
     capture->k_pre_rope.assign(capture->capture_pre_rope_keys ? c.n_layers : 0, {});
     if (!(capture->obs_window >= 0)) throw Error("PrefillCapture::obs_window must be >= 0");
   }
-  // Scratch for causal attention: one score row per query head of a group, per worker.
-  std::vector<std::vector<float>> scratch;
-  if (!backends) scratch.assign(pool.size(), std::vector<float>(static_cast<size_t>(group) * std::max<int64_t>(n, 1)));
+  // Dense causal attention (no backends): query i sees rows 0..i, by index.
+  std::vector<int32_t> index;
+  std::vector<float> queries;
+  if (!backends) {
+    index.resize(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) index[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+    queries.resize(static_cast<size_t>(n * qd));
+  }
+  PoolExecutor executor(pool);
 
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& L = W.layers[l];
@@ -360,18 +381,19 @@ std::vector<float> Model::forward(const std::vector<int32_t>& tokens, const std:
     }
 
     if (!backends) {
-      // Dense causal attention: query i sees keys 0..i. Tasks: (kv head, block of queries).
-      const int64_t qb = 16;
-      const int64_t blocks = (n + qb - 1) / qb;
-      pool.run(c.n_kv_heads * blocks, [&](int64_t t, int worker) {
-        const int64_t g = t % c.n_kv_heads, blk = t / c.n_kv_heads;
-        float* s = scratch[worker].data();
-        for (int64_t i = blk * qb; i < std::min(n, (blk + 1) * qb); ++i) {
-          const float* row = qkv.data() + i * qkv_w;
-          attend_group(row + g * group * hd, group, static_cast<int>(hd), qkv.data() + qd + g * hd,
-                       qkv.data() + qd + kvd + g * hd, qkv_w, i + 1, scale, att.data() + i * qd + g * group * hd, s);
-        }
-      });
+      // The library's dense attention over the rows where they lie (row stride qkv_w).
+      for_rows([&](int64_t i) { std::memcpy(queries.data() + i * qd, qkv.data() + i * qkv_w, qd * sizeof(float)); });
+      DenseRows rows;
+      rows.keys = qkv.data() + qd;
+      rows.values = qkv.data() + qd + kvd;
+      rows.dtype = DType::kF32;
+      rows.n = n;
+      rows.positions = index.data();
+      rows.row_stride = qkv_w;
+      AttendOptions options;
+      options.executor = &executor;
+      dense_attention(rows, DenseShape{c.n_kv_heads, c.n_heads, static_cast<int>(hd), scale, 0}, queries.data(),
+                      index.data(), n, att.data(), nullptr, options);
     } else {
       auto step = [&](int64_t b) {
         const float* row = qkv.data() + b * qkv_w;

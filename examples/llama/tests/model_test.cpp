@@ -254,42 +254,6 @@ TEST(Kernels, MatmulMatchesNaive) {
   e8kv::llama::set_simd_enabled(true);
 }
 
-TEST(Kernels, AttendGroupMatchesNaive) {
-  auto rng = e8kv::test::seeded_rng(22);
-  std::normal_distribution<float> g;
-  for (bool simd : {true, false}) {
-    e8kv::llama::set_simd_enabled(simd);
-    for (int hd : {8, 12, 16, 64})
-      for (int group : {1, 3})
-        for (int64_t n_keys : {1, 3, 4, 5, 8, 17, 100}) {
-          const int64_t stride = 2 * hd + 5;
-          std::vector<float> q(static_cast<size_t>(group * hd)), kv(static_cast<size_t>(n_keys * stride + hd));
-          for (auto& v : q) v = 2.0f * g(rng);
-          for (auto& v : kv) v = g(rng);
-          const float* k = kv.data();
-          const float* v = kv.data() + hd;
-          std::vector<float> out(static_cast<size_t>(group * hd)), scratch(static_cast<size_t>(group * n_keys));
-          e8kv::llama::attend_group(q.data(), group, hd, k, v, stride, n_keys, 0.3f, out.data(), scratch.data());
-          for (int h = 0; h < group; ++h) {
-            std::vector<double> s(static_cast<size_t>(n_keys));
-            double mx = -1e300, z = 0;
-            for (int64_t j = 0; j < n_keys; ++j) {
-              double dot = 0;
-              for (int e = 0; e < hd; ++e) dot += double(q[h * hd + e]) * k[j * stride + e];
-              mx = std::max(mx, s[j] = 0.3 * dot);
-            }
-            for (auto& sj : s) z += (sj = std::exp(sj - mx));
-            for (int e = 0; e < hd; ++e) {
-              double want = 0;
-              for (int64_t j = 0; j < n_keys; ++j) want += s[j] / z * v[j * stride + e];
-              ASSERT_NEAR(out[h * hd + e], want, 2e-5) << "hd " << hd << " group " << group << " keys " << n_keys;
-            }
-          }
-        }
-  }
-  e8kv::llama::set_simd_enabled(true);
-}
-
 TEST(Forward, MatchesFp64Reference) {
   TinyLlamaSpec spec;
   spec.n_layers = 3;

@@ -36,14 +36,15 @@ struct DenseRows {
 struct DenseShape {
   int n_kv_heads = 0;
   int n_q_heads = 0;  ///< a multiple of n_kv_heads
-  int head_dim = 0;   ///< a multiple of 16, at most 1024
+  int head_dim = 0;   ///< a multiple of 8, at most 1024
   float scale = 0.f;  ///< of q·k; <= 0: 1/sqrt(head_dim)
   int32_t window = 0; ///< sliding window in positions (> 0), 0: none
 };
 
 /// q: [n_tokens, n_q_heads, head_dim] floats at q_positions[n_tokens]; out: the same shape; lse:
 /// [n_tokens, n_q_heads] or null. Throws e8kv::Error on a bad shape or dtype, null pointers,
-/// positions out of order, a non-finite query or row value, or scores that overflow the float range.
+/// positions out of order, a non-finite query, a non-finite value in a row some token reads (named
+/// by row and element), or scores that overflow the float range. fp32 rows are read where they lie.
 void dense_attention(const DenseRows& kv, const DenseShape& shape, const float* q, const int32_t* q_positions,
                      int64_t n_tokens, float* out, float* lse = nullptr, const AttendOptions& options = {});
 

@@ -37,7 +37,7 @@ struct PrefillCapture {
   int64_t n_tokens = 0;
 };
 
-/// Exact fp32 cache: keeps every key and value and attends densely (numerically-stable softmax).
+/// Exact fp32 cache: keeps every key and value and attends densely (e8kv::dense_attention).
 class DenseKvBackend : public KvBackend {
  public:
   DenseKvBackend(int n_layers, int n_q_heads, int n_kv_heads, int head_dim);
@@ -62,11 +62,11 @@ class DenseKvBackend : public KvBackend {
 
  private:
   void check_layer(int layer) const;
-  std::vector<float> gather(const std::vector<std::vector<float>>& store, int layer) const;
   int n_layers_, n_q_heads_, n_kv_heads_, head_dim_;
-  // One contiguous [tokens][head_dim] array per (layer, kv head): attention streams it linearly.
+  // Per layer, [tokens][n_kv_heads][head_dim] as the model writes them; attention is the
+  // library's e8kv::dense_attention over these rows.
   std::vector<std::vector<float>> k_, v_;
-  std::vector<float> scratch_;
+  std::vector<int32_t> positions_;  // 0, 1, 2, ...: a token's index in its layer
 };
 
 }  // namespace e8kv::llama
