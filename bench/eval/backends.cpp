@@ -5,6 +5,8 @@
 #include <cmath>
 #include <limits>
 
+#include "e8kv/attention/dense.hpp"
+
 namespace e8kv::eval {
 
 namespace {
@@ -88,38 +90,34 @@ double relaxed_entropy(const std::vector<int16_t>& codes) {
 }
 }  // namespace
 
+namespace {
+/// 0, 1, ..., n − 1: the rows' positions when a query sees every row (dense_attention's causal
+/// bound is then the last one).
+const int32_t* every_row(int64_t n) {
+  thread_local std::vector<int32_t> index;
+  while (static_cast<int64_t>(index.size()) < n) index.push_back(static_cast<int32_t>(index.size()));
+  return index.data();
+}
+
+/// The library's dense attention of one query token over n rows of `n_kv_heads` heads, `stride`
+/// floats apart (0: n_kv_heads·head_dim).
+void attend_rows(const float* k, const float* v, int64_t n, int64_t stride, int n_kv_heads, int n_q_heads, int head_dim,
+                 const float* q, float scale, float* out, float* lse) {
+  DenseRows rows;
+  rows.keys = k;
+  rows.values = v;
+  rows.dtype = DType::kF32;
+  rows.n = n;
+  rows.positions = every_row(n);
+  rows.row_stride = stride;
+  const int32_t last = static_cast<int32_t>(std::max<int64_t>(n - 1, 0));
+  dense_attention(rows, DenseShape{n_kv_heads, n_q_heads, head_dim, scale, 0}, q, &last, 1, out, lse);
+}
+}  // namespace
+
 void dense_attention_lse(const float* k, const float* v, int64_t n, int n_kv_heads, int n_q_heads, int head_dim,
                          const float* q, float scale, float* out, float* lse) {
-  const int G = n_q_heads / n_kv_heads;
-  std::vector<double> s(static_cast<size_t>(n)), acc(static_cast<size_t>(head_dim));
-  for (int qh = 0; qh < n_q_heads; ++qh) {
-    const int h = qh / G;
-    const float* qq = q + static_cast<size_t>(qh) * head_dim;
-    float* o = out + static_cast<size_t>(qh) * head_dim;
-    std::fill(o, o + head_dim, 0.f);
-    if (n == 0) {
-      lse[qh] = -std::numeric_limits<float>::infinity();
-      continue;
-    }
-    double m = -std::numeric_limits<double>::infinity();
-    for (int64_t t = 0; t < n; ++t) {
-      const float* kr = k + (static_cast<size_t>(t) * n_kv_heads + h) * head_dim;
-      double dot = 0;
-      for (int i = 0; i < head_dim; ++i) dot += static_cast<double>(qq[i]) * kr[i];
-      s[static_cast<size_t>(t)] = dot * scale;
-      m = std::max(m, s[static_cast<size_t>(t)]);
-    }
-    double z = 0;
-    for (int64_t t = 0; t < n; ++t) z += (s[static_cast<size_t>(t)] = std::exp(s[static_cast<size_t>(t)] - m));
-    std::fill(acc.begin(), acc.end(), 0.0);
-    for (int64_t t = 0; t < n; ++t) {
-      const float* vr = v + (static_cast<size_t>(t) * n_kv_heads + h) * head_dim;
-      const double p = s[static_cast<size_t>(t)] / z;
-      for (int i = 0; i < head_dim; ++i) acc[static_cast<size_t>(i)] += p * vr[i];
-    }
-    for (int i = 0; i < head_dim; ++i) o[i] = static_cast<float>(acc[static_cast<size_t>(i)]);
-    lse[qh] = static_cast<float>(m + std::log(z));
-  }
+  attend_rows(k, v, n, 0, n_kv_heads, n_q_heads, head_dim, q, scale, out, lse);
 }
 
 void E8kvBackend::append(int layer, const float* k, const float* v, int64_t position) {
@@ -274,28 +272,10 @@ void PeerBackend::attend(int layer, const float* q, int64_t /*position*/, float*
   const int64_t n = n_[static_cast<size_t>(layer)];
   const int G = Q_ / H_;
   const float scale = 1.f / std::sqrt(static_cast<float>(d_));
-  scratch_.resize(static_cast<size_t>(n));
-  for (int qh = 0; qh < Q_; ++qh) {
-    const int h = qh / G;
-    const float* K = k_[at(layer, h)].data();
-    const float* V = v_[at(layer, h)].data();
-    const float* qq = q + static_cast<size_t>(qh) * d_;
-    float m = -std::numeric_limits<float>::infinity();
-    for (int64_t t = 0; t < n; ++t) {
-      float s = 0.f;
-      for (int i = 0; i < d_; ++i) s += qq[i] * K[t * d_ + i];
-      scratch_[static_cast<size_t>(t)] = s * scale;
-      m = std::max(m, s * scale);
-    }
-    double z = 0;
-    for (int64_t t = 0; t < n; ++t) z += (scratch_[static_cast<size_t>(t)] = std::exp(scratch_[static_cast<size_t>(t)] - m));
-    float* o = out + static_cast<size_t>(qh) * d_;
-    std::fill(o, o + d_, 0.f);
-    for (int64_t t = 0; t < n; ++t) {
-      const float p = static_cast<float>(scratch_[static_cast<size_t>(t)] / z);
-      for (int i = 0; i < d_; ++i) o[i] += p * V[t * d_ + i];
-    }
-  }
+  // The peer's rows (decoded from its own codes) per KV head, [n][d].
+  for (int h = 0; h < H_; ++h)
+    attend_rows(k_[at(layer, h)].data(), v_[at(layer, h)].data(), n, d_, 1, G, d_, q + static_cast<size_t>(h) * G * d_,
+                scale, out + static_cast<size_t>(h) * G * d_, nullptr);
 }
 
 double PeerBackend::bytes() const {

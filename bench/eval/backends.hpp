@@ -32,7 +32,8 @@ class MeasuredBackend : public llama::KvBackend {
 
 /// Attention of one query token over n dense rows [n, n_kv_heads, head_dim] (GQA: query head qh
 /// reads KV head qh / (n_q_heads / n_kv_heads)), with the natural-log sum of exp(scale·q·k) per
-/// query head (lse; −inf and out = 0 when n is 0), to merge with another key set.
+/// query head (lse; −inf and out = 0 when n is 0), to merge with another key set: the library's
+/// e8kv::dense_attention over rows every query sees.
 void dense_attention_lse(const float* k, const float* v, int64_t n, int n_kv_heads, int n_q_heads, int head_dim,
                          const float* q, float scale, float* out, float* lse);
 
@@ -117,7 +118,6 @@ class PeerBackend : public MeasuredBackend {
   std::vector<std::vector<float>> k_, v_;            // per (layer, head): [tokens][d] as attention sees them
   std::vector<int64_t> kivi_k_done_, kivi_v_done_;   // per layer: tokens already quantized
   std::vector<std::vector<int16_t>> relaxed_codes_k_, relaxed_codes_v_;  // per layer
-  std::vector<float> scratch_;
 };
 
 }  // namespace e8kv::eval
