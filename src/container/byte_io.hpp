@@ -1,5 +1,5 @@
 // The error helpers and saturating size arithmetic every part of the container uses, and its
-// byte reader and writer (src/detail/byte_io.hpp; docs/format.md §1). Internal.
+// byte reader and writer (include/e8kv/detail/byte_io.hpp; docs/format.md §1). Internal.
 #pragma once
 
 #include <fmt/format.h>
@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "detail/byte_io.hpp"
+#include "e8kv/detail/byte_io.hpp"
 #include "e8kv/error.hpp"
 
 namespace e8kv::entropy::io {
@@ -44,7 +44,7 @@ T load_at(const uint8_t* p) {
   return v;
 }
 
-/// The container's readers and writers: src/detail/byte_io.hpp. Construct readers with
+/// The container's readers and writers: e8kv/detail/byte_io.hpp. Construct readers with
 /// kPrefix, so that their failures read "container: ..." like io::fail's.
 using detail::ByteReader;
 using detail::ByteWriter;

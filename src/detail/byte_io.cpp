@@ -1,5 +1,5 @@
-// Out-of-line failure paths of the byte reader (src/detail/byte_io.hpp).
-#include "detail/byte_io.hpp"
+// Out-of-line failure paths of the byte reader (include/e8kv/detail/byte_io.hpp).
+#include "e8kv/detail/byte_io.hpp"
 
 #include <fmt/format.h>
 

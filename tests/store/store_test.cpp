@@ -72,6 +72,29 @@ TEST(StoreHash, Sha256KnownVectors) {
   EXPECT_EQ(hex(std::string(1000000, 'a')), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
 }
 
+// Keys and envelopes are shared between e8kv versions and machines: their bytes are pinned here
+// (written before the store moved onto the library's byte writer, and unchanged by it).
+TEST(StoreKeys, GoldenBytes) {
+  const std::vector<TensorRecord> tensors = {{"blk.0.attn_q.weight", {576, 576}, 2}, {"output_norm.weight", {576}, 0}};
+  const Digest fp = model_fingerprint(tensors, "preset=quant-k3v2");
+  EXPECT_EQ(to_hex(fp.data(), fp.size()), "898ebd2055ad70c6d93a9a8bcfc38aaef62a484c364b9f4724cd8780be251c8b");
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < 40; ++i) tokens.push_back(i * 7919 - 3);
+  const auto keys = prefix_keys(fp, tokens.data(), tokens.size(), 8);
+  ASSERT_EQ(keys.size(), 5u);
+  EXPECT_EQ(keys[0], "e8kv:898ebd2055ad70c6d93a9a8bcfc38aae:8:29fe0ca93387f195b974fe99403cb321");
+  EXPECT_EQ(keys[4], "e8kv:898ebd2055ad70c6d93a9a8bcfc38aae:8:9ceeff560bcfcb48eb0caa98b976a451");
+  Envelope e;
+  e.kind = ValueKind(1);
+  e.n_tokens = 40;
+  e.payload = {1, 2, 3, 250};
+  const std::vector<uint8_t> value = wrap(keys[1], e);
+  EXPECT_EQ(to_hex(value.data(), value.size()),
+            "45384b5653544f31010000000000000028000000000000004800000065386b763a3839386562643230353561643730633664"
+            "3933613961386263666333386161653a383a64326263333066303538336535656433313963396531306635343433643636"
+            "660400000000000000010203fae712ae2d");
+}
+
 TEST(StoreKeys, ChainedPrefixKeys) {
   const Digest fp = model_fingerprint({{"tok_embd.weight", {64, 100}, 1}}, "preset=quant-k3v2");
   std::vector<int32_t> t(35);

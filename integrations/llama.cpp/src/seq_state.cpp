@@ -3,7 +3,7 @@
 
 #include <cstring>
 
-#include "detail/byte_io.hpp"
+#include "e8kv/detail/byte_io.hpp"
 #include "e8kv/error.hpp"
 
 namespace e8kv::llama_cpp {

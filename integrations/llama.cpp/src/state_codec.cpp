@@ -9,7 +9,7 @@
 #include <cstring>
 #include <limits>
 
-#include "detail/byte_io.hpp"
+#include "e8kv/detail/byte_io.hpp"
 #include "e8kv/entropy/checksum.hpp"
 #include "e8kv/error.hpp"
 #include "e8kv/numeric/half.hpp"

@@ -1,6 +1,8 @@
-// Little-endian byte writer and bounds-checked reader of untrusted bytes, for every format e8kv
-// parses: the container (src/container/) and the llama.cpp adapter's sequence states
-// (integrations/llama.cpp/). Internal.
+// Little-endian byte writer and bounds-checked reader of untrusted bytes, the one byte layer of
+// every format e8kv writes or parses: the container (src/container/), the store's envelope and
+// keys (src/store/) and the llama.cpp adapter's sequence states (integrations/llama.cpp/). Not a
+// stable API: installed only because the adapter library builds on it (out-of-line parts in
+// libe8kv, src/detail/byte_io.cpp).
 #pragma once
 
 #include <cstddef>
