@@ -17,7 +17,7 @@ BUILD="${E8KV_ASAN_BUILD:-$ROOT/build/asan}"
 JOBS="${E8KV_JOBS:-$(nproc 2>/dev/null || echo 2)}"
 # -O1 -g1 instead of RelWithDebInfo's -O2 -g: with ASan + UBSan, compressed_kv.cpp alone takes
 # 256 s of CPU at -O2 -g and 65 s at -O1 -g1 (gcc 12); the tests run about as fast.
-cmake --preset asan -S "$ROOT" -B "$BUILD" -DE8KV_CUDA=OFF -DE8KV_BUILD_BENCH=OFF -DE8KV_BUILD_EXAMPLES=OFF \
+cmake --preset asan -S "$ROOT" -B "$BUILD" -DE8KV_CUDA=OFF -DE8KV_BUILD_BENCH=OFF -DE8KV_BUILD_EXAMPLES=OFF -DE8KV_BUILD_TOOLS=OFF \
       -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" \
       -DE8KV_MATH_TESTS="$([ "${E8KV_ASAN_MATH:-0}" = 1 ] && echo ON || echo OFF)" >/dev/null
 targets=()

@@ -1,6 +1,6 @@
 // The real SmolLM2-135M-Instruct (Q4_1 GGUF; E8KV_MODEL or the cache path, scripts/fetch-model.sh):
 // hyperparameters from the issue, a greedy chat answer, prefill/decode consistency, batched
-// decoding and a perplexity sanity bound. Label `model`: main() in model_test_main.cpp exits 77
+// decoding and a perplexity sanity bound. Label `model`: main() in tests/testing/real_model_main.cpp exits 77
 // (ctest: skipped) when the file is absent.
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-// The real SmolLM2-135M-Instruct vocabulary (label `model`; main() in model_test_main.cpp exits 77
+// The real SmolLM2-135M-Instruct vocabulary (label `model`; main() in tests/testing/real_model_main.cpp exits 77
 // = skipped when the model or a corpus is absent): known ids, and exact round trips of the two
 // fetched corpora (scripts/fetch-data.sh).
 #include <gtest/gtest.h>

@@ -3,7 +3,7 @@
 // off come back byte for byte through the lossless preset and decode the same logits; quantized
 // presets restore into llama.cpp and decode within stated KL bounds; position holes survive; a
 // slot file saved by llama.cpp goes through the e8kv-llama-state tool and loads back.
-// main() is examples/llama/tests/model_test_main.cpp: exit 77 (skipped) without the model.
+// main() is tests/testing/real_model_main.cpp: exit 77 (skipped) without the model.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -21,7 +21,7 @@
 #include "e8kv/codebook/rvq.hpp"
 #include "e8kv/error.hpp"
 #include "e8kv/numeric/half.hpp"
-#include "e8kv/llama/model.hpp"
+#include "e8kv/llama/model_config.hpp"
 #include "e8kv/llama_cpp/state_codec.hpp"
 #include "ggml-cpu.h"
 #include "llama.h"

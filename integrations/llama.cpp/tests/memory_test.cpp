@@ -4,7 +4,7 @@
 // flatter e8kv: every decoded token sees its predecessors as the cache holds them); sequences
 // side by side in one batch; seq_rm; state save and restore (slot files hold e8kv containers);
 // a context shift refused; bad specs and unsupported models refused with the reason named.
-// main() is examples/llama/tests/model_test_main.cpp: exit 77 (skipped) without the model.
+// main() is tests/testing/real_model_main.cpp: exit 77 (skipped) without the model.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "e8kv/llama/model.hpp"
+#include "e8kv/llama/model_config.hpp"
 #include "llama-e8kv-memory.h"
 #include "llama_fixture.hpp"
 

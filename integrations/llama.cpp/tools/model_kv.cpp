@@ -4,7 +4,7 @@
 
 #include "e8kv/error.hpp"
 #include "e8kv/llama/gguf.hpp"
-#include "e8kv/llama/model.hpp"
+#include "e8kv/llama/model_config.hpp"
 
 namespace e8kv::llama_cpp {
 

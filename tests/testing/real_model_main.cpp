@@ -1,6 +1,6 @@
 // main() of the tests that need the real model (label `model`, files real_*_test.cpp): they must
 // never pass without running. Such a binary exits with 77, CTest's skip code (SKIP_RETURN_CODE 77
-// in examples/llama/CMakeLists.txt), when the model file is absent, or when any of its tests
+// where it is added: examples/llama, integrations/llama.cpp), when the model file is absent, or when any of its tests
 // skipped (e.g. for want of the fetched corpora) and none failed; ctest then reports it skipped.
 // With E8KV_REQUIRE_DATA=1 (CI, after scripts/fetch-data.sh) a skip is a failure instead (exit 1),
 // so a fetch that went wrong cannot turn the real-model tests into silent skips.
@@ -12,7 +12,7 @@
 #include <fstream>
 #include <string>
 
-#include "e8kv/llama/model.hpp"
+#include "e8kv/llama/model_config.hpp"
 
 namespace {
 
