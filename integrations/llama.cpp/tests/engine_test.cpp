@@ -25,33 +25,15 @@
 #include "e8kv/llama_cpp/state_codec.hpp"
 #include "ggml-cpu.h"
 #include "llama.h"
+#include "llama_fixture.hpp"
 #include "model_kv.hpp"
 
 namespace e8kv::llama_cpp {
 namespace {
 
-struct ModelDeleter {
-  void operator()(llama_model* m) const { llama_model_free(m); }
-};
-struct ContextDeleter {
-  void operator()(llama_context* c) const { llama_free(c); }
-};
-using ModelPtr = std::unique_ptr<llama_model, ModelDeleter>;
-using ContextPtr = std::unique_ptr<llama_context, ContextDeleter>;
-
-const char* kText =
-    "The lighthouse keeper wrote in his log every evening. On the first of March the wind came from the "
-    "north-east and the sea was grey. Two fishing boats returned late, and the younger captain, whose name "
-    "was Elena Brandt, said the nets had caught almost nothing but weed. The keeper noted the barometer at "
-    "1012 hectopascals, falling slowly. In the morning he repaired the lamp's clockwork, which had lost "
-    "eleven minutes overnight, and he oiled the gears with the last of the whale oil from the storeroom. "
-    "A letter from the harbour master asked whether the fog signal could be tested on Thursday. He replied "
-    "that the compressor was worn and that a new one had been ordered from the mainland in January. "
-    "On Friday the supply boat brought flour, paraffin, two crates of apples and a newspaper that was nine "
-    "days old. The keeper read that the railway would reach the northern villages by the autumn, and that "
-    "the price of coal had risen again. He counted the paraffin cans twice, because the last delivery had "
-    "been short by three, and he wrote the number in red ink: fourteen. That night the beam turned every "
-    "twelve seconds as it always had, and the captain's boat passed the point at a quarter past ten.";
+using e8kv_llama_test::ContextPtr;
+using e8kv_llama_test::kText;
+using e8kv_llama_test::ModelPtr;
 
 // Post-RoPE queries of every layer, captured through cb_eval: the last tensor named "Qcur-<layer>"
 // of a layer's graph is its query after RoPE ([head_dim, n_head, tokens], contiguous f32).

@@ -1,4 +1,4 @@
-// What the llama.cpp memory tests share: a model and its contexts through llama.cpp's public API
+// What the llama.cpp tests share: a model and its contexts through llama.cpp's public API
 // (e8kv's memory with a spec, or llama.cpp's own cache of a type), decode calls that return every
 // token's logits, and the comparisons (largest logit difference, mean next-token KL).
 #pragma once
@@ -23,6 +23,21 @@ struct ContextDeleter {
 };
 using ModelPtr = std::unique_ptr<llama_model, ModelDeleter>;
 using ContextPtr = std::unique_ptr<llama_context, ContextDeleter>;
+
+// Two paragraphs of plain prose, tokenized once by the tests (258 tokens with SmolLM2's vocabulary).
+inline const char* kText =
+    "The lighthouse keeper wrote in his log every evening. On the first of March the wind came from the "
+    "north-east and the sea was grey. Two fishing boats returned late, and the younger captain, whose name "
+    "was Elena Brandt, said the nets had caught almost nothing but weed. The keeper noted the barometer at "
+    "1012 hectopascals, falling slowly. In the morning he repaired the lamp's clockwork, which had lost "
+    "eleven minutes overnight, and he oiled the gears with the last of the whale oil from the storeroom. "
+    "A letter from the harbour master asked whether the fog signal could be tested on Thursday. He replied "
+    "that the compressor was worn and that a new one had been ordered from the mainland in January. "
+    "On Friday the supply boat brought flour, paraffin, two crates of apples and a newspaper that was nine "
+    "days old. The keeper read that the railway would reach the northern villages by the autumn, and that "
+    "the price of coal had risen again. He counted the paraffin cans twice, because the last delivery had "
+    "been short by three, and he wrote the number in red ink: fourteen. That night the beam turned every "
+    "twelve seconds as it always had, and the captain's boat passed the point at a quarter past ten.";
 
 /// llama.cpp's warnings and errors since the last clear (the memory's refusals and its bits line).
 inline std::string& log_text() {
