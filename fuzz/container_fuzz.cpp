@@ -17,13 +17,13 @@
 
 #include "e8kv/attention/attend.hpp"
 #include "e8kv/cache/cache_codecs.hpp"
-#include "e8kv/entropy/container.hpp"
+#include "e8kv/container/container.hpp"
 #include "e8kv/error.hpp"
 #include "seed_corpus.hpp"
 
 namespace {
 
-namespace ent = e8kv::entropy;
+namespace ent = e8kv::container;
 
 bool same(const e8kv::CompressedKV::LayerData& a, const e8kv::CompressedKV::LayerData& b) {
   if (a.original_tokens != b.original_tokens || a.pinned != b.pinned || a.positions != b.positions ||

@@ -12,13 +12,13 @@
 #include <cstdlib>
 #include <vector>
 
-#include "e8kv/entropy/container.hpp"
+#include "e8kv/container/container.hpp"
 #include "e8kv/error.hpp"
 #include "seed_corpus.hpp"
 
 namespace {
 
-namespace ent = e8kv::entropy;
+namespace ent = e8kv::container;
 using LayerData = e8kv::CompressedKV::LayerData;
 
 void check(bool ok) {

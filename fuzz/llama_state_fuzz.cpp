@@ -122,7 +122,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const size_t n = size - 1;
   try {
     if (mode & 4) {
-      e8kv::entropy::DeserializeOptions o;
+      e8kv::container::DeserializeOptions o;
       o.verify_checksums = (mode & 8) != 0;
       // Below -malloc_limit_mb: a read within this budget is legitimate, one past it is a bug.
       o.max_decoded_bytes = uint64_t{256} << 20;

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "e8kv/compressor.hpp"
-#include "e8kv/entropy/container.hpp"
+#include "e8kv/container/container.hpp"
 #include "e8kv/error.hpp"
 #include "e8kv/numeric/half.hpp"
 #include "testing/synthetic_kv.hpp"
@@ -86,7 +86,7 @@ class Writer {
 
 int write_seed_corpus(const std::string& dir) {
   Writer w(dir);
-  entropy::ContainerOptions chunks;
+  container::ContainerOptions chunks;
   chunks.chunk_tokens = 16;
   // Every preset, each format version it can be written in: 40 tokens, 6 of them appended (a
   // residual window); the tier presets are version 5 in the pre-RoPE key frame (a tier coded as is)
@@ -102,8 +102,8 @@ int write_seed_corpus(const std::string& dir) {
     for (const auto& [name, spec_tail] : versions) {
       const Config cfg =
           Config::parse("preset=" + preset + ",mean_tokens=8,residual=4,flush=8,sinks=2,recent=8" + spec_tail);
-      const std::vector<uint8_t> bytes = entropy::serialize(make_cache(spec(40, 64, ++seed), cfg, 6), chunks);
-      const int version = entropy::read_info(bytes.data(), bytes.size()).format_version;
+      const std::vector<uint8_t> bytes = container::serialize(make_cache(spec(40, 64, ++seed), cfg, 6), chunks);
+      const int version = container::read_info(bytes.data(), bytes.size()).format_version;
       const int expected = cfg.code_tier > 0 ? (cfg.tier_center && name[1] == '3' ? 6 : 5) : name[1] - '0';
       if (version != expected)
         throw Error("write_seed_corpus: preset " + preset + " " + name + " was written as version " +
@@ -118,9 +118,9 @@ int write_seed_corpus(const std::string& dir) {
         "evict=0.4,per_head=1,rope=post,key_gain=unbiased,value_gain=ls,recent=4,residual=3,flush=8,mean_tokens=8,"
         "sinks=2,layer_rates=ball3/vor2;rvq4/e8p2,rope_scaling=yarn,rope_factor=4,rope_original_max_position=32,"
         "rope_dim=96,softmax_scale=0.1");
-    entropy::ContainerOptions adaptive = chunks;
+    container::ContainerOptions adaptive = chunks;
     adaptive.adaptive = true;
-    w.add("perhead-yarn", entropy::serialize(make_cache(spec(32, 128, 200), cfg, 4), adaptive));
+    w.add("perhead-yarn", container::serialize(make_cache(spec(32, 128, 200), cfg, 4), adaptive));
   }
   // Version 4: an fp16 tier (pinned tokens among the coded ones), shared and per-head sets. Seeds
   // of their own (not the preset loop's count), chosen so the tier sits among coded tokens.
@@ -128,8 +128,8 @@ int write_seed_corpus(const std::string& dir) {
   for (const char* tail : {"", ",per_head=1,evict=0.3"}) {
     const Config cfg = Config::parse(std::string("preset=quant-k3v2,fp16_tier=0.15,mean_tokens=8,residual=4,flush=8,"
                                                  "sinks=2,recent=4") + tail);
-    const std::vector<uint8_t> bytes = entropy::serialize(make_cache(spec(40, 64, ++seed), cfg, 6), chunks);
-    if (entropy::read_info(bytes.data(), bytes.size()).format_version != 4)
+    const std::vector<uint8_t> bytes = container::serialize(make_cache(spec(40, 64, ++seed), cfg, 6), chunks);
+    if (container::read_info(bytes.data(), bytes.size()).format_version != 4)
       throw Error("write_seed_corpus: the fp16-tier cache was not written as version 4");
     w.add(std::string("fp16-tier") + (*tail ? "-per-head" : ""), bytes);
   }
@@ -151,16 +151,16 @@ int write_seed_corpus(const std::string& dir) {
                                            "sinks=2,recent=4") + t.tail);
     if (t.rope_factors)
       for (int i = 0; i < 32; ++i) cfg.rope.freq_factors.push_back(i < 8 ? 1.0f : i < 24 ? 1.0f + 0.25f * (i - 7) : 8.0f);
-    const std::vector<uint8_t> bytes = entropy::serialize(make_cache(spec(40, 64, ++seed), cfg, 6), chunks);
-    const int version = entropy::read_info(bytes.data(), bytes.size()).format_version;
+    const std::vector<uint8_t> bytes = container::serialize(make_cache(spec(40, 64, ++seed), cfg, 6), chunks);
+    const int version = container::read_info(bytes.data(), bytes.size()).format_version;
     if (version != t.version)
       throw Error(std::string("write_seed_corpus: ") + t.name + " was written as version " + std::to_string(version));
     w.add(t.name, bytes);
   }
   // Nothing flushed yet: the observation queries' energy is pending (version 2).
-  w.add("pending-energy", entropy::serialize(make_cache(spec(6, 64, 201), Config::parse("preset=high"), 0), chunks));
+  w.add("pending-energy", container::serialize(make_cache(spec(6, 64, 201), Config::parse("preset=high"), 0), chunks));
   // No tokens at all.
-  w.add("empty", entropy::serialize(make_cache(spec(0, 64, 202), Config::parse("preset=quant-k2v2"), 0), chunks));
+  w.add("empty", container::serialize(make_cache(spec(0, 64, 202), Config::parse("preset=quant-k2v2"), 0), chunks));
   // Plain fp16 and bf16 tensors.
   {
     const synth::SyntheticKV kv = synth::make_synthetic_kv(spec(20, 64, 203));
@@ -174,9 +174,9 @@ int write_seed_corpus(const std::string& dir) {
       }
       std::vector<TensorView> views;
       for (const auto& b : bits) views.push_back(TensorView::nhd(b.data(), dt, 20, 2, 64));
-      entropy::ContainerOptions o;
+      container::ContainerOptions o;
       o.chunk_tokens = 8;
-      w.add(dt == DType::kF16 ? "plain-fp16" : "plain-bf16", entropy::serialize_plain(views, o));
+      w.add(dt == DType::kF16 ? "plain-fp16" : "plain-bf16", container::serialize_plain(views, o));
     }
   }
   return w.files();

@@ -29,7 +29,7 @@
 #include "e8kv/cache/kv_view.hpp"
 #include "e8kv/compressor.hpp"
 #include "e8kv/config.hpp"
-#include "e8kv/entropy/container.hpp"
+#include "e8kv/container/container.hpp"
 #include "e8kv/error.hpp"
 #include "e8kv/parallel.hpp"
 #include "e8kv/version.hpp"
@@ -242,7 +242,7 @@ int32_t e8kv_version(void) noexcept { return e8kv::kVersion; }
 
 const char* e8kv_version_string(void) noexcept { return E8KV_VERSION_STRING; }
 
-int32_t e8kv_format_version(void) noexcept { return e8kv::entropy::kFormatVersion; }
+int32_t e8kv_format_version(void) noexcept { return e8kv::container::kFormatVersion; }
 
 // ---- thread pool ----------------------------------------------------------------------------------
 
@@ -462,7 +462,7 @@ e8kv_status e8kv_serialized_size(const e8kv_cache* cache, size_t* size) noexcept
   return guarded("e8kv_serialized_size", E8KV_ERROR_INTERNAL, [&] {
     require_argument(cache != nullptr && cache->kv.valid(), "cache is NULL or holds no layout");
     require_argument(size != nullptr, "size (the output) is NULL");
-    *size = e8kv::entropy::serialized_size(cache->kv);
+    *size = e8kv::container::serialized_size(cache->kv);
   });
 }
 
@@ -470,7 +470,7 @@ e8kv_status e8kv_serialized_size_bound(const e8kv_cache* cache, size_t* size) no
   return guarded("e8kv_serialized_size_bound", E8KV_ERROR_INTERNAL, [&] {
     require_argument(cache != nullptr && cache->kv.valid(), "cache is NULL or holds no layout");
     require_argument(size != nullptr, "size (the output) is NULL");
-    *size = e8kv::entropy::serialized_size_bound(cache->kv, e8kv::entropy::ContainerOptions{});
+    *size = e8kv::container::serialized_size_bound(cache->kv, e8kv::container::ContainerOptions{});
   });
 }
 
@@ -478,10 +478,10 @@ e8kv_status e8kv_serialize(const e8kv_cache* cache, void* buffer, size_t capacit
   return guarded("e8kv_serialize", E8KV_ERROR_INTERNAL, [&] {
     require_argument(cache != nullptr && cache->kv.valid(), "cache is NULL or holds no layout");
     require_argument(size != nullptr, "size (the output) is NULL");
-    const e8kv::entropy::ContainerOptions options;
+    const e8kv::container::ContainerOptions options;
     // One compression pass when the buffer holds the cheap bound; otherwise the exact size first.
-    if (capacity < e8kv::entropy::serialized_size_bound(cache->kv, options)) {
-      const size_t needed = e8kv::entropy::serialized_size(cache->kv, options);
+    if (capacity < e8kv::container::serialized_size_bound(cache->kv, options)) {
+      const size_t needed = e8kv::container::serialized_size(cache->kv, options);
       if (capacity < needed) {
         *size = needed;
         fail(E8KV_ERROR_INVALID_ARGUMENT,
@@ -489,7 +489,7 @@ e8kv_status e8kv_serialize(const e8kv_cache* cache, void* buffer, size_t capacit
       }
     }
     require_argument(buffer != nullptr, "buffer is NULL");
-    *size = e8kv::entropy::serialize(cache->kv, options, static_cast<uint8_t*>(buffer), capacity);
+    *size = e8kv::container::serialize(cache->kv, options, static_cast<uint8_t*>(buffer), capacity);
   });
 }
 
@@ -498,12 +498,12 @@ e8kv_status e8kv_serialize_alloc(const e8kv_cache* cache, void** buffer, size_t*
   return guarded("e8kv_serialize_alloc", E8KV_ERROR_INTERNAL, [&] {
     require_argument(cache != nullptr && cache->kv.valid(), "cache is NULL or holds no layout");
     require_argument(buffer != nullptr && size != nullptr, "buffer or size (outputs) is NULL");
-    const e8kv::entropy::ContainerOptions options;
-    const size_t bound = e8kv::entropy::serialized_size_bound(cache->kv, options);
+    const e8kv::container::ContainerOptions options;
+    const size_t bound = e8kv::container::serialized_size_bound(cache->kv, options);
     // malloc, not new[]: e8kv_free releases it with free().
     std::unique_ptr<void, decltype(&std::free)> data(std::malloc(bound), &std::free);
     if (!data) throw std::bad_alloc();
-    const size_t written = e8kv::entropy::serialize(cache->kv, options, static_cast<uint8_t*>(data.get()), bound);
+    const size_t written = e8kv::container::serialize(cache->kv, options, static_cast<uint8_t*>(data.get()), bound);
     // Give back the bound's slack; keeping the larger block is correct when realloc declines.
     if (void* shrunk = std::realloc(data.get(), std::max<size_t>(written, 1))) {
       data.release();
@@ -525,21 +525,21 @@ e8kv_status e8kv_deserialize(const void* data, size_t size, const e8kv_compresso
     const auto* bytes = static_cast<const uint8_t*>(data);
     // Well-formed containers this library does not read are "unsupported", not "corrupt": a newer
     // format version, or the plain kind. The prefix says which (docs/format.md §2.1).
-    const auto& magic = e8kv::entropy::kMagic;
+    const auto& magic = e8kv::container::kMagic;
     if (size >= magic.size() + 4 && std::memcmp(bytes, magic.data(), magic.size()) == 0) {
       const unsigned version = bytes[8] | (static_cast<unsigned>(bytes[9]) << 8);
       const unsigned kind = bytes[10] | (static_cast<unsigned>(bytes[11]) << 8);
-      if (version > e8kv::entropy::kFormatVersion)
+      if (version > e8kv::container::kFormatVersion)
         fail(E8KV_ERROR_UNSUPPORTED,
              fmt::format("container format version {} is newer than this library's (it reads 1 .. {})", version,
-                         e8kv::entropy::kFormatVersion));
-      if (kind == static_cast<unsigned>(e8kv::entropy::ContainerKind::kPlain))
+                         e8kv::container::kFormatVersion));
+      if (kind == static_cast<unsigned>(e8kv::container::ContainerKind::kPlain))
         fail(E8KV_ERROR_UNSUPPORTED,
              "the container holds a plain fp16/bf16 cache (kind 2); this function reads compressed caches (kind 1)");
     }
-    e8kv::entropy::DeserializeOptions options;
+    e8kv::container::DeserializeOptions options;
     if (compressor != nullptr) {
-      const e8kv::entropy::ContainerInfo info = e8kv::entropy::read_info(bytes, size, options);
+      const e8kv::container::ContainerInfo info = e8kv::container::read_info(bytes, size, options);
       // The compressor's own check: with a rate budget (budget=, index_budget=) each cache has the
       // per-layer codes its compress chose, which the compressor accepts (KVCompressor::append).
       const std::string diff = compressor->compressor.layout_difference(info.layout);
@@ -547,11 +547,11 @@ e8kv_status e8kv_deserialize(const void* data, size_t size, const e8kv_compresso
         fail(E8KV_ERROR_INVALID_ARGUMENT,
              "the container was written with another configuration or shape than the compressor's (" + diff + ")");
       // Codecs are shared only when the layouts are equal (a budget's cache has codes of its own).
-      if (e8kv::entropy::layout_difference(info.layout, compressor->codecs->layout()).empty())
+      if (e8kv::container::layout_difference(info.layout, compressor->codecs->layout()).empty())
         options.codecs = compressor->codecs;
     }
     auto result = std::make_unique<e8kv_cache>();
-    result->kv = e8kv::entropy::deserialize(bytes, size, options);
+    result->kv = e8kv::container::deserialize(bytes, size, options);
     *cache = result.release();
   });
 }

@@ -16,7 +16,7 @@
 #include "detail/require.hpp"
 #include "layer_write.hpp"
 #include "e8kv/cache/cache_codecs.hpp"
-#include "e8kv/entropy/container.hpp"
+#include "e8kv/container/container.hpp"
 #include "e8kv/error.hpp"
 #include "e8kv/numeric/half.hpp"
 #include "e8kv/parallel.hpp"
@@ -417,7 +417,7 @@ std::string KVCompressor::layout_difference(const CacheLayout& layout) const {
       mine.value_codec[i] = layout.value_codec[i];
     }
   }
-  return entropy::layout_difference(layout, mine);
+  return container::layout_difference(layout, mine);
 }
 
 void KVCompressor::check_cache(const CompressedKV& cache, const char* what) const {

@@ -11,7 +11,7 @@
 
 #include "e8kv/cache/cache_codecs.hpp"
 #include "e8kv/compressor.hpp"
-#include "e8kv/entropy/container.hpp"
+#include "e8kv/container/container.hpp"
 #include "e8kv/numeric/half.hpp"
 #include "e8kv/parallel.hpp"
 #include "e8kv/select/eviction.hpp"
@@ -516,7 +516,7 @@ TEST(Compressor, EverySplitPointEqualsWholeCompression) {
       Config cfg = Config::preset(preset);
       cfg.residual_length = residual;
       KVCompressor c(f.shape, cfg);
-      const auto whole = entropy::serialize(c.compress(f.seq, &f.queries));
+      const auto whole = container::serialize(c.compress(f.seq, &f.queries));
       std::printf("%s residual %d: whole %zu bytes\n", preset, residual, whole.size());
       // Under the sanitizers the split points around the sinks (0-5), a flush block (16, 17), the
       // mean tokens (64, 65), the end (89, 90) and every 7th: the same code paths; the optimized
@@ -529,7 +529,7 @@ TEST(Compressor, EverySplitPointEqualsWholeCompression) {
         auto cache = c.compress(prefix, &f.queries);
         for (int t = m; t < spec.tokens; ++t)
           c.append(cache, 0, &f.data.keys[0][static_cast<size_t>(t) * H * d], &f.data.values[0][static_cast<size_t>(t) * H * d], t);
-        ASSERT_EQ(entropy::serialize(cache), whole) << preset << " residual " << residual << " split at " << m;
+        ASSERT_EQ(container::serialize(cache), whole) << preset << " residual " << residual << " split at " << m;
       }
     }
 }
@@ -555,7 +555,7 @@ TEST(Compressor, FailedCallsLeaveTheCacheUnchanged) {
     }
     second.first_position = 120;
     auto cache = c.compress(first, &f.queries);
-    const auto before = entropy::serialize(cache);
+    const auto before = container::serialize(cache);
     const size_t resident = cache.resident_bytes();
     // A NaN in the last layer's values.
     std::vector<float> bad(f.data.values[2]);
@@ -563,19 +563,19 @@ TEST(Compressor, FailedCallsLeaveTheCacheUnchanged) {
     SequenceKV poisoned = second;
     poisoned.layers[2].values = TensorView::nhd(bad.data(), DType::kF32, spec.tokens, H, d).token_slice(120, 80);
     EXPECT_THROW(c.extend(cache, poisoned, &f.queries), Error);
-    EXPECT_EQ(entropy::serialize(cache), before) << preset;
+    EXPECT_EQ(container::serialize(cache), before) << preset;
     // A NaN in the last layer's keys.
     std::vector<float> bad_keys(f.data.keys[2]);
     bad_keys[static_cast<size_t>(170) * H * d + 5] = std::numeric_limits<float>::quiet_NaN();
     SequenceKV poisoned_keys = second;
     poisoned_keys.layers[2].keys = TensorView::nhd(bad_keys.data(), DType::kF32, spec.tokens, H, d).token_slice(120, 80);
     EXPECT_THROW(c.extend(cache, poisoned_keys, &f.queries), Error) << preset;
-    EXPECT_EQ(entropy::serialize(cache), before) << preset;
+    EXPECT_EQ(container::serialize(cache), before) << preset;
     // A shape error in the last layer.
     SequenceKV short_layer = second;
     short_layer.layers[2].values = short_layer.layers[2].values.token_slice(0, 79);
     EXPECT_THROW(c.extend(cache, short_layer, &f.queries), Error);
-    EXPECT_EQ(entropy::serialize(cache), before) << preset;
+    EXPECT_EQ(container::serialize(cache), before) << preset;
     // append: NaN key, huge value, position going back.
     std::vector<float> k(&f.data.keys[1][static_cast<size_t>(120) * H * d], &f.data.keys[1][static_cast<size_t>(121) * H * d]);
     std::vector<float> v(&f.data.values[1][static_cast<size_t>(120) * H * d], &f.data.values[1][static_cast<size_t>(121) * H * d]);
@@ -586,13 +586,13 @@ TEST(Compressor, FailedCallsLeaveTheCacheUnchanged) {
     EXPECT_THROW(c.append(cache, 1, k.data(), v.data(), 120), Error);
     v[7] = 0.f;
     EXPECT_THROW(c.append(cache, 1, k.data(), v.data(), 119), Error);
-    EXPECT_EQ(entropy::serialize(cache), before) << preset;
+    EXPECT_EQ(container::serialize(cache), before) << preset;
     EXPECT_EQ(cache.resident_bytes(), resident) << preset;
     // It goes on exactly like a cache that never saw those calls.
     auto clean = c.compress(first, &f.queries);
     c.extend(clean, second, &f.queries);
     c.extend(cache, second, &f.queries);
-    EXPECT_EQ(entropy::serialize(cache), entropy::serialize(clean)) << preset;
+    EXPECT_EQ(container::serialize(cache), container::serialize(clean)) << preset;
   }
 }
 
@@ -610,7 +610,7 @@ TEST(Compressor, PositionsMustFollowTheLastCodedTokenToo) {
   KVCompressor c(f.shape, cfg);
   auto cache = c.compress(f.seq, &f.queries);
   ASSERT_EQ(cache.window_tokens(0), 4) << "the window holds the sinks only";
-  const auto before = entropy::serialize(cache);
+  const auto before = container::serialize(cache);
   const int H = spec.n_kv_heads, d = spec.head_dim;
   EXPECT_THROW(c.append(cache, 0, &f.data.keys[0][0], &f.data.values[0][0], 10), Error);
   SequenceKV late = f.seq;
@@ -618,9 +618,9 @@ TEST(Compressor, PositionsMustFollowTheLastCodedTokenToo) {
   EXPECT_THROW(c.extend(cache, late, &f.queries), Error);
   std::vector<float> out(static_cast<size_t>(spec.n_q_heads) * d);
   EXPECT_THROW(c.attend(cache, 0, f.query(0, 0), 10, out.data()), Error);
-  EXPECT_EQ(entropy::serialize(cache), before);
+  EXPECT_EQ(container::serialize(cache), before);
   c.append(cache, 0, &f.data.keys[0][0], &f.data.values[0][0], 68);
-  EXPECT_NO_THROW(entropy::serialize(cache));
+  EXPECT_NO_THROW(container::serialize(cache));
   (void)H;
 }
 
@@ -767,7 +767,7 @@ TEST(Compressor, SharedSelectionKeepsOneSetForEveryLayer) {
     for (int l = 1; l < spec.n_layers; ++l) differing += own.stored_positions(l) != own.stored_positions(0) ? 1 : 0;
     EXPECT_GE(differing, 1) << "every layer keeps the same tokens even without shared selection";
     // Threads change nothing: scored in parallel, combined in layer order.
-    EXPECT_EQ(entropy::serialize(c.compress(f.seq, &f.queries, &pool)), entropy::serialize(cache));
+    EXPECT_EQ(container::serialize(c.compress(f.seq, &f.queries, &pool)), container::serialize(cache));
   }
 }
 
@@ -841,7 +841,7 @@ TEST(Compressor, EvictionSpreadOverLayersEvictsTheLowestSharesOfAllLayers) {
     EXPECT_NE(*std::min_element(kept_per_layer.begin(), kept_per_layer.end()),
               *std::max_element(kept_per_layer.begin(), kept_per_layer.end()))
         << "every layer evicts the same count on this input (the test would not tell spread from uniform)";
-    EXPECT_EQ(entropy::serialize(c.compress(f.seq, &f.queries, &pool)), entropy::serialize(cache));
+    EXPECT_EQ(container::serialize(c.compress(f.seq, &f.queries, &pool)), container::serialize(cache));
     // extend: the second chunk's evictions are spread too (the total again uniform eviction's).
     const int64_t m = 200;
     SequenceKV first, second;
@@ -888,13 +888,13 @@ TEST(Compressor, SharedSelectionAppliesToExtend) {
   const auto want_second = shared_reference(second, f.queries, cfg, m, scale);
   want.insert(want.end(), want_second.begin(), want_second.end());
   for (int l = 0; l < spec.n_layers; ++l) EXPECT_EQ(cache.stored_positions(l), want) << "layer " << l;
-  EXPECT_EQ(entropy::serialize(threaded), entropy::serialize(cache));
+  EXPECT_EQ(container::serialize(threaded), container::serialize(cache));
 
   auto uneven = c.compress(first, &f.queries);
   const int H = spec.n_kv_heads, d = spec.head_dim;
   const size_t at = static_cast<size_t>(m) * H * d;
   c.append(uneven, 0, &f.data.keys[0][at], &f.data.values[0][at], m);  // layer 0 only
-  const auto before = entropy::serialize(uneven);
+  const auto before = container::serialize(uneven);
   SequenceKV third = second;
   const int64_t rest = spec.tokens - m - 1;
   for (auto& kv : third.layers) kv = {kv.keys.token_slice(1, rest), kv.values.token_slice(1, rest)};
@@ -905,7 +905,7 @@ TEST(Compressor, SharedSelectionAppliesToExtend) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("same length"), std::string::npos) << e.what();
   }
-  EXPECT_EQ(entropy::serialize(uneven), before);
+  EXPECT_EQ(container::serialize(uneven), before);
 }
 
 // The fp16 tier (fp16_tier): per layer and position set, round(f·n) tokens beyond the sinks stay
@@ -980,12 +980,12 @@ TEST(Compressor, Fp16TierPinsTheTopScoredTokensInFp16) {
         EXPECT_EQ(cache.stored_tokens(l, h), static_cast<int64_t>(ch.positions.size()));
       }
     }
-    const auto bytes = entropy::serialize(cache);
-    EXPECT_EQ(entropy::read_info(bytes.data(), bytes.size()).format_version, 4);
+    const auto bytes = container::serialize(cache);
+    EXPECT_EQ(container::read_info(bytes.data(), bytes.size()).format_version, 4);
     ThreadPool pool(2);  // the tier does not depend on the executor
-    EXPECT_EQ(entropy::serialize(c.compress(f.seq, &f.queries, &pool)), bytes);
-    const CompressedKV back = entropy::deserialize(bytes.data(), bytes.size());
-    EXPECT_EQ(entropy::serialize(back), bytes);
+    EXPECT_EQ(container::serialize(c.compress(f.seq, &f.queries, &pool)), bytes);
+    const CompressedKV back = container::deserialize(bytes.data(), bytes.size());
+    EXPECT_EQ(container::serialize(back), bytes);
     std::vector<float> a(static_cast<size_t>(spec.n_q_heads) * d), b(a.size());
     for (int l = 0; l < spec.n_layers; ++l) {
       c.attend(cache, l, f.query(l, 0), static_cast<int32_t>(n), a.data());
@@ -996,8 +996,8 @@ TEST(Compressor, Fp16TierPinsTheTopScoredTokensInFp16) {
   // Without the tier nothing changes: pinned is the sinks, and the container keeps its version.
   const CompressedKV plain = KVCompressor(f.shape, Config::parse("preset=quant-k3v2")).compress(f.seq, &f.queries);
   EXPECT_EQ(plain.layer(0).pinned, 4);
-  const auto plain_bytes = entropy::serialize(plain);
-  EXPECT_EQ(entropy::read_info(plain_bytes.data(), plain_bytes.size()).format_version, 3);
+  const auto plain_bytes = container::serialize(plain);
+  EXPECT_EQ(container::read_info(plain_bytes.data(), plain_bytes.size()).format_version, 3);
 }
 
 // The tier is what it costs: every pinned token is one window row (2·d fp16 values and a
@@ -1050,9 +1050,9 @@ TEST(Compressor, Fp16TierThenAppend) {
   ASSERT_GT(w.size(), static_cast<size_t>(cache.layer(0).pinned)) << "unpinned tokens wait behind it";
   EXPECT_LT(w.back(), n - 1);
   EXPECT_EQ(cache.last_position(0), n - 1) << "the pinned token, not the window's last";
-  const auto before = entropy::serialize(cache);
+  const auto before = container::serialize(cache);
   EXPECT_THROW(c.append(cache, 0, &f.data.keys[0][0], &f.data.values[0][0], static_cast<int32_t>(n - 1)), Error);
-  EXPECT_EQ(entropy::serialize(cache), before);
+  EXPECT_EQ(container::serialize(cache), before);
   for (int64_t t = 0; t < 40; ++t)
     c.append(cache, 0, &f.data.keys[0][static_cast<size_t>(t) * H * d], &f.data.values[0][static_cast<size_t>(t) * H * d],
              static_cast<int32_t>(n + t));
@@ -1061,8 +1061,8 @@ TEST(Compressor, Fp16TierThenAppend) {
   EXPECT_EQ(cache.last_position(0), n + 39);
   const auto ch = cache.decompress_head(0, 0);
   for (size_t i = 0; i < ch.positions.size(); ++i) ASSERT_EQ(ch.positions[i], static_cast<int32_t>(i));
-  const auto bytes = entropy::serialize(cache);
-  EXPECT_EQ(entropy::serialize(entropy::deserialize(bytes.data(), bytes.size())), bytes);
+  const auto bytes = container::serialize(cache);
+  EXPECT_EQ(container::serialize(container::deserialize(bytes.data(), bytes.size())), bytes);
 }
 
 // The code tier (code_tier): per layer and position set, round((f + c)·n) − round(f·n) tokens
@@ -1297,12 +1297,12 @@ TEST(Compressor, DropBeforeRemovesTheTokensBelowAPosition) {
     for (int32_t cut : e8kv::test::kUnderSanitizer ? some_cuts : all_cuts) {
       SCOPED_TRACE("drop_before " + std::to_string(cut));
       CompressedKV copy = cache;
-      const auto before = entropy::serialize(copy);
+      const auto before = container::serialize(copy);
       try {
         c.drop_before(copy, cut);
       } catch (const Error& e) {
         EXPECT_NE(std::string(e.what()).find("one pinned count per layer"), std::string::npos) << e.what();
-        EXPECT_EQ(entropy::serialize(copy), before);
+        EXPECT_EQ(container::serialize(copy), before);
         ++refused;
         continue;
       }
@@ -1323,8 +1323,8 @@ TEST(Compressor, DropBeforeRemovesTheTokensBelowAPosition) {
         }
       EXPECT_EQ(copy.original_tokens(), cache.original_tokens());
       EXPECT_LE(copy.resident_bytes(), cache.resident_bytes());
-      const auto bytes = entropy::serialize(copy);
-      EXPECT_EQ(entropy::serialize(entropy::deserialize(bytes.data(), bytes.size())), bytes);
+      const auto bytes = container::serialize(copy);
+      EXPECT_EQ(container::serialize(container::deserialize(bytes.data(), bytes.size())), bytes);
       for (int l = 0; l < spec.n_layers; ++l)
         c.append(copy, l, &f.data.keys[l][0], &f.data.values[l][0], spec.tokens + 20);
       EXPECT_EQ(copy.stored_positions(0).back(), spec.tokens + 20);

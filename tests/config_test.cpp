@@ -12,7 +12,7 @@
 
 #include "e8kv/compressor.hpp"
 #include "e8kv/error.hpp"
-#include "entropy/container_test_util.hpp"  // expect_layout_eq
+#include "container/container_test_util.hpp"  // expect_layout_eq
 #include "testing/test_util.hpp"
 
 namespace {

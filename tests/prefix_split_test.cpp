@@ -24,7 +24,7 @@
 
 #include "e8kv/attention/attend.hpp"
 #include "e8kv/compressor.hpp"
-#include "e8kv/entropy/container.hpp"
+#include "e8kv/container/container.hpp"
 #include "e8kv/error.hpp"
 #include "e8kv/select/eviction.hpp"
 #include "testing/kv_fixture.hpp"
@@ -89,8 +89,8 @@ TEST(PrefixSplit, EveryPresetAtEverySplitPointFollowsItsDocumentedRule) {
     plain_cfg.code_tier = 0.0;
     const KVCompressor plain(fx.shape, plain_cfg);
     std::vector<uint8_t> whole;
-    if (!budget) whole = entropy::serialize(c.compress(fx.seq, &fx.queries));
-    const std::vector<uint8_t> plain_whole = entropy::serialize(plain.compress(fx.seq, &fx.queries));
+    if (!budget) whole = container::serialize(c.compress(fx.seq, &fx.queries));
+    const std::vector<uint8_t> plain_whole = container::serialize(plain.compress(fx.seq, &fx.queries));
     const std::vector<float> plain_attention = run.attention(plain.compress(fx.seq, &fx.queries));
     // The tier's tokens of a chunk of m: tier_count(m) among the candidates eviction competes
     // over (neither the sinks nor the last recent_window tokens).
@@ -114,7 +114,7 @@ TEST(PrefixSplit, EveryPresetAtEverySplitPointFollowsItsDocumentedRule) {
       }
       const CompressedKV prefix_only = cache;
       run.append_rest(c, cache, m);
-      const std::vector<uint8_t> chunked = entropy::serialize(cache);
+      const std::vector<uint8_t> chunked = container::serialize(cache);
       if (budget) {
         // The prefix's codes, kept by every append; then the same bytes as compress(all) with them.
         EXPECT_EQ(cache.layout().key_codec, prefix_only.layout().key_codec) << "split at " << m;
@@ -123,9 +123,9 @@ TEST(PrefixSplit, EveryPresetAtEverySplitPointFollowsItsDocumentedRule) {
         fixed.layer_rates.clear();
         for (int l = 0; l < spec.n_layers; ++l)
           fixed.layer_rates.push_back({cache.layout().key_codec[static_cast<size_t>(l)], cache.layout().value_codec[static_cast<size_t>(l)]});
-        ASSERT_EQ(chunked, entropy::serialize(KVCompressor(fx.shape, fixed).compress(fx.seq, &fx.queries)))
+        ASSERT_EQ(chunked, container::serialize(KVCompressor(fx.shape, fixed).compress(fx.seq, &fx.queries)))
             << "split at " << m;
-        identical += chunked == entropy::serialize(c.compress(fx.seq, &fx.queries));
+        identical += chunked == container::serialize(c.compress(fx.seq, &fx.queries));
         continue;
       }
       if (!evicts && !tier) {

@@ -16,7 +16,7 @@
 #include "e8kv/attention/attend.hpp"
 #include "e8kv/c_api.h"
 #include "e8kv/compressor.hpp"
-#include "e8kv/entropy/container.hpp"
+#include "e8kv/container/container.hpp"
 #include "testing/kv_fixture.hpp"
 #include "testing/test_util.hpp"
 
@@ -128,7 +128,7 @@ TEST(SpecRoundTrip, EveryPresetAndTypedSpecThroughCAndCpp) {
     }
     const CompressedKV direct = cpp.compress(prefix, &fx.queries);
     const std::vector<uint8_t> blob = c_serialize(made, check);
-    ASSERT_EQ(blob, entropy::serialize(direct)) << "the C ABI and C++ compress differently";
+    ASSERT_EQ(blob, container::serialize(direct)) << "the C ABI and C++ compress differently";
     const std::vector<float> want = c_attend_all(made, fx, spec.tokens, check);
     ASSERT_TRUE(bit_identical(want, cpp_attend_all(direct, fx)));
 
@@ -136,7 +136,7 @@ TEST(SpecRoundTrip, EveryPresetAndTypedSpecThroughCAndCpp) {
     e8kv_cache *with = nullptr, *without = nullptr;
     check.ok(e8kv_deserialize(blob.data(), blob.size(), c, &with), "e8kv_deserialize (with the compressor)");
     check.ok(e8kv_deserialize(blob.data(), blob.size(), nullptr, &without), "e8kv_deserialize");
-    CompressedKV back = entropy::deserialize(blob.data(), blob.size());
+    CompressedKV back = container::deserialize(blob.data(), blob.size());
     ASSERT_NE(with, nullptr);
     ASSERT_NE(without, nullptr);
     EXPECT_TRUE(bit_identical(c_attend_all(with, fx, spec.tokens, check), want));
@@ -160,7 +160,7 @@ TEST(SpecRoundTrip, EveryPresetAndTypedSpecThroughCAndCpp) {
     EXPECT_TRUE(bit_identical(c_attend_all(with, fx, spec.tokens, check), after));
     EXPECT_TRUE(bit_identical(c_attend_all(without, fx, spec.tokens, check), after));
     EXPECT_TRUE(bit_identical(cpp_attend_all(back, fx), after));
-    EXPECT_EQ(c_serialize(with, check), entropy::serialize(grown));
+    EXPECT_EQ(c_serialize(with, check), container::serialize(grown));
     std::printf("%-55s %zu bytes, %.3f bits per element\n", s.empty() ? "(default)" : s.c_str(), blob.size(),
                 direct.bits_per_element());
 

@@ -35,7 +35,7 @@
 #include "e8kv/codebook/e8p.hpp"
 #include "e8kv/codebook/rvq.hpp"
 #include "e8kv/compressor.hpp"
-#include "e8kv/entropy/container.hpp"
+#include "e8kv/container/container.hpp"
 #include "e8kv/numeric/half.hpp"
 #include "e8kv/quant/codec.hpp"
 #include "testing/synthetic_kv.hpp"
@@ -44,8 +44,8 @@
 namespace {
 
 using namespace e8kv;
-using entropy::StreamKind;
-using entropy::Transform;
+using container::StreamKind;
+using container::Transform;
 
 struct Args {
   int layers = 4, kv_heads = 8, q_heads = 32, head_dim = 128, tokens = 2048;
@@ -219,7 +219,7 @@ uint64_t coords_size(const CompressedKV& cache, bool keys, int T, int level, boo
     const int64_t n = cache.coded_tokens(l, 0);
     for (int64_t t0 = 0; t0 < n; t0 += T) {
       const int64_t t1 = std::min<int64_t>(n, t0 + T);
-      entropy::StreamShape sh{{}, static_cast<int64_t>(blocks) * per_block, 1};
+      container::StreamShape sh{{}, static_cast<int64_t>(blocks) * per_block, 1};
       raw.clear();
       for (int h = 0; h < L.n_kv_heads; ++h) {
         const auto& hd = cache.layer(l).heads[static_cast<size_t>(h)];
@@ -236,7 +236,7 @@ uint64_t coords_size(const CompressedKV& cache, bool keys, int T, int level, boo
           }
       }
       tr.resize(raw.size());
-      entropy::transform_forward(delta ? Transform::kSubDelta : Transform::kNone, sh, raw.data(), tr.data());
+      container::transform_forward(delta ? Transform::kSubDelta : Transform::kNone, sh, raw.data(), tr.data());
       z.resize(ZSTD_compressBound(tr.size()));
       total += ZSTD_compress(z.data(), z.size(), tr.data(), tr.size(), level);
     }
@@ -305,7 +305,7 @@ void run_bench(const Args& a) {
   spec.seed = a.seed;
   const Made m = make_kv(spec);
   std::printf("e8kv-container-bench  e8kv %s  zstd %s  crc32c %s\n", E8KV_VERSION_STRING, ZSTD_versionString(),
-              entropy::crc32c_hardware_available() ? "sse4.2" : "portable");
+              container::crc32c_hardware_available() ? "sse4.2" : "portable");
   std::printf("synthetic KV: layers %d, kv_heads %d, q_heads %d, head_dim %d, tokens %d, seed %llu; zstd level %d, "
               "chunk %d tokens, best of %d\n\n",
               a.layers, a.kv_heads, a.q_heads, a.head_dim, a.tokens, static_cast<unsigned long long>(a.seed), a.level,
@@ -321,15 +321,15 @@ void run_bench(const Args& a) {
   const double zc = best_seconds(a.reps, [&] { zsize = ZSTD_compress(z.data(), z.size(), raw16.data(), raw16.size(), a.level); });
   std::vector<uint8_t> back(raw16.size());
   const double zd = best_seconds(a.reps, [&] { ZSTD_decompress(back.data(), back.size(), z.data(), zsize); });
-  entropy::ContainerOptions po;
+  container::ContainerOptions po;
   po.zstd_level = a.level;
   po.chunk_tokens = a.chunk;
   std::vector<TensorView> views;
   for (const auto& t : m.fp16) views.push_back(TensorView::nhd(t.data(), DType::kF16, a.tokens, a.kv_heads, a.head_dim));
   std::vector<uint8_t> plain;
-  const double pc = best_seconds(a.reps, [&] { plain = entropy::serialize_plain(views, po); });
-  entropy::PlainCache pback;
-  const double pd = best_seconds(a.reps, [&] { pback = entropy::deserialize_plain(plain.data(), plain.size()); });
+  const double pc = best_seconds(a.reps, [&] { plain = container::serialize_plain(views, po); });
+  container::PlainCache pback;
+  const double pd = best_seconds(a.reps, [&] { pback = container::deserialize_plain(plain.data(), plain.size()); });
   std::printf("lossless fp16 baseline (%zu bytes of K+V):\n", raw16.size());
   std::printf("  plain zstd          %10zu bytes  ratio %.3f  compress %7.0f MB/s  decompress %7.0f MB/s\n", zsize,
               static_cast<double>(raw16.size()) / zsize, mbps(raw16.size(), zc), mbps(raw16.size(), zd));
@@ -338,11 +338,11 @@ void run_bench(const Args& a) {
               plain.size(), static_cast<double>(raw16.size()) / plain.size(), mbps(raw16.size(), pc),
               mbps(raw16.size(), pd), 100.0 * (static_cast<double>(plain.size()) / zsize - 1.0));
   {
-    entropy::ContainerOptions p2 = po;
+    container::ContainerOptions p2 = po;
     std::printf("  plain transforms:  ");
-    for (int t = 0; t < entropy::kTransformCount; ++t) {
+    for (int t = 0; t < container::kTransformCount; ++t) {
       p2.transforms.fp16 = static_cast<Transform>(t);
-      std::printf(" %s %zu", entropy::to_string(static_cast<Transform>(t)), entropy::serialize_plain(views, p2).size());
+      std::printf(" %s %zu", container::to_string(static_cast<Transform>(t)), container::serialize_plain(views, p2).size());
     }
     std::printf("\n\n");
   }
@@ -366,19 +366,19 @@ void run_bench(const Args& a) {
                               StreamKind::kTierKeyGains, StreamKind::kTierValueGains};
   for (const auto& [name, spec_str] : configs) {
     const CompressedKV cache = compress(m, Config::parse(spec_str));
-    entropy::ContainerOptions o;
+    container::ContainerOptions o;
     o.zstd_level = a.level;
     o.chunk_tokens = a.chunk;
     std::vector<uint8_t> c;
-    const double sc = best_seconds(a.reps, [&] { c = entropy::serialize(cache, o); });
-    entropy::DeserializeOptions reuse;
+    const double sc = best_seconds(a.reps, [&] { c = container::serialize(cache, o); });
+    container::DeserializeOptions reuse;
     reuse.codecs = cache.shared_codecs();
-    const double sd = best_seconds(a.reps, [&] { const CompressedKV d = entropy::deserialize(c.data(), c.size(), reuse); });
+    const double sd = best_seconds(a.reps, [&] { const CompressedKV d = container::deserialize(c.data(), c.size(), reuse); });
     const double codecs_s = best_seconds(1, [&] { const CacheCodecs fresh(cache.layout()); });
-    entropy::ContainerOptions ad = o;
+    container::ContainerOptions ad = o;
     ad.adaptive = true;
     ad.min_zstd_saving = 0;
-    const size_t adaptive = entropy::serialize(cache, ad).size();
+    const size_t adaptive = container::serialize(cache, ad).size();
     const std::vector<uint8_t> flat = flat_bytes(cache);
     std::vector<uint8_t> fz(ZSTD_compressBound(flat.size()));
     size_t fzs = 0;
@@ -400,25 +400,25 @@ void run_bench(const Args& a) {
     // Per stream kind, every transform candidate (forced on all streams of that kind).
     std::map<int, std::map<int, uint64_t>> table;
     std::map<int, uint64_t> raw;
-    for (int t = 0; t < entropy::kTransformCount; ++t) {
-      entropy::ContainerOptions f = o;
+    for (int t = 0; t < container::kTransformCount; ++t) {
+      container::ContainerOptions f = o;
       const auto tr = static_cast<Transform>(t);
       f.transforms = {tr, tr, tr, tr, tr};
       f.min_zstd_saving = 0;  // sizes of the transforms themselves
-      const StreamSizes s = stream_sizes(entropy::serialize(cache, f));
+      const StreamSizes s = stream_sizes(container::serialize(cache, f));
       for (StreamKind k : kinds) {
         table[static_cast<int>(k)][t] = s.stored.count(static_cast<int>(k)) ? s.stored.at(static_cast<int>(k)) : 0;
         raw[static_cast<int>(k)] = s.raw.count(static_cast<int>(k)) ? s.raw.at(static_cast<int>(k)) : 0;
       }
     }
     std::printf("  %-16s %10s", "stream", "raw");
-    for (int t = 0; t < entropy::kTransformCount; ++t) std::printf(" %18s", entropy::to_string(static_cast<Transform>(t)));
+    for (int t = 0; t < container::kTransformCount; ++t) std::printf(" %18s", container::to_string(static_cast<Transform>(t)));
     std::printf(" %14s\n", "coords-delta");
     for (StreamKind k : kinds) {
       const int ki = static_cast<int>(k);
       if (raw[ki] == 0) continue;
-      std::printf("  %-16s %10llu", entropy::to_string(k), static_cast<unsigned long long>(raw[ki]));
-      for (int t = 0; t < entropy::kTransformCount; ++t)
+      std::printf("  %-16s %10llu", container::to_string(k), static_cast<unsigned long long>(raw[ki]));
+      for (int t = 0; t < container::kTransformCount; ++t)
         std::printf(" %10llu (%5.3f)", static_cast<unsigned long long>(table[ki][t]),
                     static_cast<double>(table[ki][t]) / raw[ki]);
       if (k == StreamKind::kKeyCodes || k == StreamKind::kValueCodes) {
@@ -459,13 +459,13 @@ void write_golden(const std::string& dir) {
       "# versions also cover the version-2 fields, of version 5 also the code tier, of version 6 also\n"
       "# the tier's centring and the RoPE frequency factors)\n";
   auto cache_entry = [&](const std::string& name, const synth::SyntheticSpec& s, const Config& cfg, int appended,
-                         const entropy::ContainerOptions& o) {
+                         const container::ContainerOptions& o) {
     const Made m = make_kv(s);
     const CompressedKV cache = compress(m, cfg, appended);
-    const auto bytes = entropy::serialize(cache, o);
+    const auto bytes = container::serialize(cache, o);
     write_bytes(dir + "/" + name, bytes);
     const CacheLayout& L = cache.layout();
-    const int version = entropy::read_info(bytes.data(), bytes.size()).format_version;
+    const int version = container::read_info(bytes.data(), bytes.size()).format_version;
     manifest += name + " cache " + test::cache_digest_for_version(cache, version) + " " +
                 std::to_string(L.n_layers) + " " + std::to_string(L.n_kv_heads) + " " + std::to_string(L.n_q_heads) +
                 " " + std::to_string(L.head_dim) + " " + (L.per_head_positions ? "1" : "0") + " " +
@@ -481,7 +481,7 @@ void write_golden(const std::string& dir) {
   s.tokens = 100;
   s.obs_window = 16;
   s.seed = 11;
-  entropy::ContainerOptions o;
+  container::ContainerOptions o;
   o.chunk_tokens = 32;
   // Eviction with a shared position set, a residual window, appended tokens.
   cache_entry("k3v2_evict_window.e8kv", s, Config::parse("preset=high,rope=pre,residual=8,flush=16,sinks=2,recent=8,mean_tokens=16,qweight=0,gain_bits=16"), 12, o);
@@ -501,7 +501,7 @@ void write_golden(const std::string& dir) {
     cfg.rope.original_max_position = 32;
     cfg.rope.rotary_dim = 96;
     cfg.softmax_scale = 0.1f;
-    entropy::ContainerOptions o2;
+    container::ContainerOptions o2;
     o2.chunk_tokens = 16;
     o2.adaptive = true;
     cache_entry("perhead_ball_vor.e8kv", s2, cfg, 4, o2);
@@ -520,7 +520,7 @@ void write_golden(const std::string& dir) {
     synth::SyntheticSpec s5 = s;
     s5.tokens = 64;
     s5.seed = 15;
-    entropy::ContainerOptions o5;
+    container::ContainerOptions o5;
     o5.chunk_tokens = 16;
     cache_entry("k3v2_qweight_gain8.e8kv", s5, Config::parse("preset=high,rope=pre,residual=8,flush=16,sinks=2,recent=8,mean_tokens=16"),
                 8, o5);
@@ -569,11 +569,11 @@ void write_golden(const std::string& dir) {
     }
     std::vector<TensorView> v;
     for (const auto& x : t) v.push_back(TensorView::nhd(x.data(), DType::kBF16, s4.tokens, s4.n_kv_heads, s4.head_dim));
-    entropy::ContainerOptions o4;
+    container::ContainerOptions o4;
     o4.chunk_tokens = 10;
-    const auto bytes = entropy::serialize_plain(v, o4);
+    const auto bytes = container::serialize_plain(v, o4);
     write_bytes(dir + "/plain_bf16.e8kv", bytes);
-    entropy::PlainCache p;
+    container::PlainCache p;
     p.dtype = DType::kBF16;
     p.tokens = s4.tokens;
     p.heads = s4.n_kv_heads;

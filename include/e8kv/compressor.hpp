@@ -107,7 +107,7 @@ class KVCompressor {
   /// Empty when this compressor accepts caches of `layout` (extend, append, drop_before; the C
   /// ABI's e8kv_deserialize checks a container with it): its own layout, or with a rate budget
   /// (Config::rate_budget, index_budget) that layout with per-layer codes the budget may choose.
-  /// Otherwise the first difference, named as entropy::layout_difference names it.
+  /// Otherwise the first difference, named as container::layout_difference names it.
   std::string layout_difference(const CacheLayout& layout) const;
 
  private:

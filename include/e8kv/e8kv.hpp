@@ -12,7 +12,7 @@
 #include "e8kv/cache/compressed_kv.hpp"
 #include "e8kv/compressor.hpp"
 #include "e8kv/config.hpp"
-#include "e8kv/entropy/container.hpp"
+#include "e8kv/container/container.hpp"
 #include "e8kv/error.hpp"
 #include "e8kv/lattice/e8.hpp"
 #include "e8kv/parallel.hpp"

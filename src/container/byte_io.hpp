@@ -14,7 +14,7 @@
 #include "e8kv/detail/byte_io.hpp"
 #include "e8kv/error.hpp"
 
-namespace e8kv::entropy::io {
+namespace e8kv::container::io {
 
 /// Throws e8kv::Error("container: " + what).
 [[noreturn]] void fail(const std::string& what);
@@ -50,4 +50,4 @@ using detail::ByteReader;
 using detail::ByteWriter;
 inline constexpr const char* kPrefix = "container: ";
 
-}  // namespace e8kv::entropy::io
+}  // namespace e8kv::container::io

@@ -12,9 +12,9 @@
 #include "container/layer_table.hpp"
 #include "container/source.hpp"
 #include "e8kv/cache/cache_codecs.hpp"
-#include "e8kv/entropy/container.hpp"
+#include "e8kv/container/container.hpp"
 
-namespace e8kv::entropy {
+namespace e8kv::container {
 
 namespace {
 
@@ -291,4 +291,4 @@ CompressedKV::LayerData read_file_layer(const std::string& path, int layer, cons
   return read_range(src, options, layer, 0, kWholeLayer, "read_file_layer");
 }
 
-}  // namespace e8kv::entropy
+}  // namespace e8kv::container

@@ -12,9 +12,9 @@
 #include "container/header.hpp"
 #include "container/layer_table.hpp"
 #include "container/layout_record.hpp"
-#include "e8kv/entropy/container.hpp"
+#include "e8kv/container/container.hpp"
 
-namespace e8kv::entropy {
+namespace e8kv::container {
 
 namespace {
 
@@ -227,4 +227,4 @@ void write_file(const std::string& path, const CompressedKV& cache, const Contai
   if (f.fail()) throw Error(fmt::format("write_file: writing {} bytes to '{}' failed", bytes.size(), path));
 }
 
-}  // namespace e8kv::entropy
+}  // namespace e8kv::container

@@ -5,9 +5,9 @@
 
 #include <cstring>
 
-#include "e8kv/entropy/checksum.hpp"
+#include "e8kv/container/checksum.hpp"
 
-namespace e8kv::entropy {
+namespace e8kv::container {
 
 // ---- writing ---------------------------------------------------------------------------------------
 
@@ -214,4 +214,4 @@ void ContainerOptions::validate() const {
       throw Error(fmt::format("ContainerOptions.transforms.{}: id {} is unknown (accepted 0..5)", name, static_cast<int>(t)));
 }
 
-}  // namespace e8kv::entropy
+}  // namespace e8kv::container

@@ -15,7 +15,7 @@
 #include "container/source.hpp"
 #include "container/zstd_frame.hpp"
 
-namespace e8kv::entropy {
+namespace e8kv::container {
 
 class ChunkEncoder {
  public:
@@ -99,4 +99,4 @@ class ChunkDecoder {
   std::vector<size_t> view_at_;
 };
 
-}  // namespace e8kv::entropy
+}  // namespace e8kv::container

@@ -11,9 +11,9 @@
 
 #include "container/stream_transform.hpp"
 #include "e8kv/cache/compressed_kv.hpp"
-#include "e8kv/entropy/container.hpp"
+#include "e8kv/container/container.hpp"
 
-namespace e8kv::entropy {
+namespace e8kv::container {
 
 // ---- constants (docs/format.md §2) ----------------------------------------------------------------
 
@@ -142,4 +142,4 @@ void check_positions(const std::vector<int32_t>& coded, const std::vector<int32_
 void check_tier_positions(const std::vector<int32_t>& tier, const std::vector<int32_t>& coded,
                           const std::vector<int32_t>& window, int64_t pinned, int layer, size_t set);
 
-}  // namespace e8kv::entropy
+}  // namespace e8kv::container

@@ -5,10 +5,10 @@
 
 #include <cstring>
 
-#include "e8kv/entropy/checksum.hpp"
+#include "e8kv/container/checksum.hpp"
 #include "e8kv/version.hpp"
 
-namespace e8kv::entropy {
+namespace e8kv::container {
 
 Header parse_header(Source& src, const DeserializeOptions& o, ContainerKind expect, bool any_kind) {
   const uint64_t size = src.size();
@@ -128,4 +128,4 @@ size_t copy_out(const std::vector<uint8_t>& bytes, uint8_t* out, size_t cap, con
   return bytes.size();
 }
 
-}  // namespace e8kv::entropy
+}  // namespace e8kv::container

@@ -12,7 +12,7 @@
 #include "container/format.hpp"
 #include "container/source.hpp"
 
-namespace e8kv::entropy {
+namespace e8kv::container {
 
 /// Everything a header says, checked.
 struct Header {
@@ -56,4 +56,4 @@ void finish_container(std::vector<uint8_t>& out, size_t dir_at, size_t header_by
 /// in the error for a buffer that is null or too small.
 size_t copy_out(const std::vector<uint8_t>& bytes, uint8_t* out, size_t cap, const char* what);
 
-}  // namespace e8kv::entropy
+}  // namespace e8kv::container

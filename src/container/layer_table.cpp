@@ -14,7 +14,7 @@
 #include "container/layout_record.hpp"
 #include "e8kv/numeric/half.hpp"
 
-namespace e8kv::entropy {
+namespace e8kv::container {
 
 using io::check;
 using io::fail;
@@ -559,4 +559,4 @@ void parse_cache_tables(io::ByteReader& r, Header& h, uint64_t n_chunks) {
   h.info.decoded_bytes = decoded;
 }
 
-}  // namespace e8kv::entropy
+}  // namespace e8kv::container

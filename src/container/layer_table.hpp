@@ -10,7 +10,7 @@
 #include "container/byte_io.hpp"
 #include "container/format.hpp"
 
-namespace e8kv::entropy {
+namespace e8kv::container {
 
 /// The writer's view of layer l: its counts, after checking that every vector of the layer agrees
 /// with them and with the layout (so gathering never overruns, and the reader accepts it) and
@@ -40,4 +40,4 @@ uint64_t layer_range_bytes(const CacheLayout& L, int l, const LayerCounts& c, in
 /// What rebuilding the codecs of L allocates (an estimate with slack).
 uint64_t codecs_bytes(const CacheLayout& L);
 
-}  // namespace e8kv::entropy
+}  // namespace e8kv::container

@@ -10,9 +10,9 @@
 
 #include "container/format.hpp"
 #include "detail/layout_fields.hpp"
-#include "e8kv/entropy/container.hpp"
+#include "e8kv/container/container.hpp"
 
-namespace e8kv::entropy {
+namespace e8kv::container {
 
 namespace {
 
@@ -180,6 +180,6 @@ std::string layout_difference(const CacheLayout& a, const CacheLayout& b) {
   return {};
 }
 
-}  // namespace e8kv::entropy
+}  // namespace e8kv::container
 
-uint16_t e8kv::CacheLayout::format_version() const { return entropy::format_version_for(*this); }
+uint16_t e8kv::CacheLayout::format_version() const { return container::format_version_for(*this); }

@@ -8,7 +8,7 @@
 #include "container/byte_io.hpp"
 #include "e8kv/cache/cache_layout.hpp"
 
-namespace e8kv::entropy {
+namespace e8kv::container {
 
 /// The oldest format version that stores every field of L as it is (1 unless a field or a value
 /// needs a newer one: query-weighted keys or 8-bit gains need 2).
@@ -21,4 +21,4 @@ void write_layout_record(io::ByteWriter& w, const CacheLayout& L, uint16_t versi
 /// Reads a record of format `version` (and its codec ids) and validates it.
 CacheLayout read_layout_record(io::ByteReader& r, uint16_t version);
 
-}  // namespace e8kv::entropy
+}  // namespace e8kv::container

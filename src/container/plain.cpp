@@ -7,9 +7,9 @@
 
 #include "container/chunk.hpp"
 #include "container/header.hpp"
-#include "e8kv/entropy/container.hpp"
+#include "e8kv/container/container.hpp"
 
-namespace e8kv::entropy {
+namespace e8kv::container {
 
 namespace {
 
@@ -175,4 +175,4 @@ PlainCache deserialize_plain(const uint8_t* data, size_t size, const Deserialize
   return read_plain(src, options);
 }
 
-}  // namespace e8kv::entropy
+}  // namespace e8kv::container

@@ -5,7 +5,7 @@
 
 #include "container/byte_io.hpp"
 
-namespace e8kv::entropy {
+namespace e8kv::container {
 
 SpanSource::SpanSource(const uint8_t* data, size_t size) : data_(data), size_(size) {
   require(data != nullptr || size == 0, "deserialize: null data with a non-zero size");
@@ -29,4 +29,4 @@ const uint8_t* FileSource::read(uint64_t offset, size_t n) {
   return buf_.data();
 }
 
-}  // namespace e8kv::entropy
+}  // namespace e8kv::container

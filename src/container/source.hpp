@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-namespace e8kv::entropy {
+namespace e8kv::container {
 
 class Source {
  public:
@@ -43,4 +43,4 @@ class FileSource final : public Source {
   std::vector<uint8_t> buf_;
 };
 
-}  // namespace e8kv::entropy
+}  // namespace e8kv::container

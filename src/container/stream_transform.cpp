@@ -10,7 +10,7 @@
 
 #include "e8kv/error.hpp"
 
-namespace e8kv::entropy {
+namespace e8kv::container {
 
 namespace {
 
@@ -199,4 +199,4 @@ void transform_inverse(Transform t, const StreamShape& shape, const uint8_t* in,
   run_transform<false>(t, shape, in, out);
 }
 
-}  // namespace e8kv::entropy
+}  // namespace e8kv::container

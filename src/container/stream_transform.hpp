@@ -7,9 +7,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "e8kv/entropy/container.hpp"
+#include "e8kv/container/container.hpp"
 
-namespace e8kv::entropy {
+namespace e8kv::container {
 
 /// Shape of one stream for the transforms: a sequence of segments (one per head or position
 /// set) of rows (tokens) × cols elements of `width` bytes (little-endian integers).
@@ -27,4 +27,4 @@ struct StreamShape {
 void transform_forward(Transform t, const StreamShape& shape, const uint8_t* in, uint8_t* out);
 void transform_inverse(Transform t, const StreamShape& shape, const uint8_t* in, uint8_t* out);
 
-}  // namespace e8kv::entropy
+}  // namespace e8kv::container

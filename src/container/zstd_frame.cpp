@@ -5,7 +5,7 @@
 
 #include "container/byte_io.hpp"
 
-namespace e8kv::entropy::zstd {
+namespace e8kv::container::zstd {
 
 void Contexts::CctxFree::operator()(ZSTD_CCtx_s* c) const { ZSTD_freeCCtx(c); }
 void Contexts::DctxFree::operator()(ZSTD_DCtx_s* c) const { ZSTD_freeDCtx(c); }
@@ -35,4 +35,4 @@ void Contexts::decompress(const uint8_t* frame, size_t stored, uint8_t* dst, siz
   io::check(got == raw, "{}: zstd decompression gave {} bytes, not {}", where, got, raw);
 }
 
-}  // namespace e8kv::entropy::zstd
+}  // namespace e8kv::container::zstd

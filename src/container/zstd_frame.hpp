@@ -10,7 +10,7 @@
 struct ZSTD_CCtx_s;
 struct ZSTD_DCtx_s;
 
-namespace e8kv::entropy::zstd {
+namespace e8kv::container::zstd {
 
 /// The most raw bytes one stored byte of a zstd frame can stand for. A block decodes to at most
 /// 128 KiB (Block_Maximum_Size) and takes at least 4 bytes (a 3-byte header and one RLE byte), so
@@ -51,4 +51,4 @@ class Contexts {
   std::unique_ptr<ZSTD_DCtx_s, DctxFree> d_;
 };
 
-}  // namespace e8kv::entropy::zstd
+}  // namespace e8kv::container::zstd

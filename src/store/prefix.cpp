@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "e8kv/detail/byte_io.hpp"
-#include "e8kv/entropy/checksum.hpp"
+#include "e8kv/container/checksum.hpp"
 #include "e8kv/error.hpp"
 
 namespace e8kv::store {
@@ -72,7 +72,7 @@ std::vector<uint8_t> wrap(const std::string& key, const Envelope& envelope) {
   w.bytes(key.data(), key.size());
   w.u64(envelope.payload.size());
   w.bytes(envelope.payload);
-  w.u32(entropy::crc32c(b.data(), b.size()));
+  w.u32(container::crc32c(b.data(), b.size()));
   return b;
 }
 
@@ -86,7 +86,7 @@ std::optional<Envelope> unwrap(const std::string& key, const uint8_t* data, size
   // Every read below lies inside the value: its size is checked before each variable part, so
   // the reader (which would throw) never runs short and every refusal is a miss with a reason.
   detail::ByteReader crc(data + size - 4, 4, "store value");
-  if (entropy::crc32c(data, size - 4) != crc.u32("crc")) return refuse("checksum mismatch (corrupt value)");
+  if (container::crc32c(data, size - 4) != crc.u32("crc")) return refuse("checksum mismatch (corrupt value)");
   detail::ByteReader r(data, size - 4, "store value");
   r.skip(8, "magic");
   Envelope e;

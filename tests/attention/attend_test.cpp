@@ -11,7 +11,7 @@
 
 #include "e8kv/attention/attend.hpp"
 #include "e8kv/compressor.hpp"
-#include "e8kv/entropy/container.hpp"
+#include "e8kv/container/container.hpp"
 #include "e8kv/numeric/cpu_features.hpp"
 #include "e8kv/parallel.hpp"
 #include "testing/kv_fixture.hpp"
@@ -302,9 +302,9 @@ TEST(Attend, EveryKeyFrameRoundTripsThroughTheContainer) {
     cfg.key_frame = frame;
     KVCompressor comp(f.shape, cfg);
     const auto cache = comp.compress(f.seq, &f.queries);
-    const auto bytes = entropy::serialize(cache);
-    EXPECT_EQ(entropy::read_info(bytes.data(), bytes.size()).format_version, frame == KeyFrame::kRopeResidual ? 3 : 2);
-    const auto back = entropy::deserialize(bytes.data(), bytes.size());
+    const auto bytes = container::serialize(cache);
+    EXPECT_EQ(container::read_info(bytes.data(), bytes.size()).format_version, frame == KeyFrame::kRopeResidual ? 3 : 2);
+    const auto back = container::deserialize(bytes.data(), bytes.size());
     EXPECT_EQ(back.layout().key_frame, frame);
     std::vector<float> a(256), b(256);
     attend(cache, 0, f.query(0, 1), a.data());

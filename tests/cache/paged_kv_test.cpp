@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "e8kv/compressor.hpp"
-#include "e8kv/entropy/container.hpp"
+#include "e8kv/container/container.hpp"
 #include "e8kv/numeric/half.hpp"
 #include "e8kv/quant/kv_vector_codec.hpp"
 #include "testing/kv_fixture.hpp"
@@ -475,7 +475,7 @@ TEST(PagedKV, DefaultConfigRoundTripsByteForByte) {
         from_paged(paged, layer, outs);
       }
       for (size_t b = 0; b < caches.size(); ++b)
-        EXPECT_EQ(entropy::serialize(caches[b]), entropy::serialize(fresh[b])) << "sequence " << b;
+        EXPECT_EQ(container::serialize(caches[b]), container::serialize(fresh[b])) << "sequence " << b;
     }
   }
 }

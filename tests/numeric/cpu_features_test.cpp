@@ -9,7 +9,7 @@
 
 #include "e8kv/attention/attend.hpp"
 #include "e8kv/compressor.hpp"
-#include "e8kv/entropy/container.hpp"
+#include "e8kv/container/container.hpp"
 #include "e8kv/numeric/cpu_features.hpp"
 #include "testing/synthetic_kv.hpp"
 #include "testing/test_util.hpp"
@@ -69,7 +69,7 @@ TEST(CpuFeatures, WholePipelineIsBitIdenticalAcrossIsas) {
         for (int forced = 0; forced < 2; ++forced) {
           BaselineIsaScope scope(forced == 1);
           const auto cache = c.compress(seq, &queries);
-          bytes[forced] = entropy::serialize(cache);
+          bytes[forced] = container::serialize(cache);
           out[forced].resize(static_cast<size_t>(spec.n_q_heads) * d);
           e8kv::attend(cache, 1, &data.queries[1][0], out[forced].data());
           dense[forced] = cache.decompress_head(0, 2).keys;

@@ -13,7 +13,7 @@
 #include <string>
 
 #include "e8kv/compressor.hpp"
-#include "e8kv/entropy/container.hpp"
+#include "e8kv/container/container.hpp"
 #include "e8kv/error.hpp"
 #include "e8kv/numeric/cpu_features.hpp"
 #include "e8kv/parallel.hpp"
@@ -375,11 +375,11 @@ TEST(RateAllocation, CompressorSpendsTheBudgetAndKeepsItsCodes) {
   EXPECT_DOUBLE_EQ(bits / (2 * spec.n_layers), 2.5);
   EXPECT_NE(L.value_codec[2], Codec::kE8P);  // the loud layer's values got bits
   // Deterministic.
-  EXPECT_EQ(entropy::serialize(comp.compress(fx.seq, &fx.queries)), entropy::serialize(cache));
+  EXPECT_EQ(container::serialize(comp.compress(fx.seq, &fx.queries)), container::serialize(cache));
 
   // The codes travel with the cache: read back, extended and appended with the same compressor.
-  const auto blob = entropy::serialize(cache);
-  CompressedKV back = entropy::deserialize(blob.data(), blob.size());
+  const auto blob = container::serialize(cache);
+  CompressedKV back = container::deserialize(blob.data(), blob.size());
   EXPECT_EQ(back.layout().key_codec, L.key_codec);
   std::vector<float> k(static_cast<size_t>(spec.n_kv_heads) * spec.head_dim, 0.25f), v(k.size(), -0.5f);
   for (int l = 0; l < spec.n_layers; ++l) comp.append(back, l, k.data(), v.data(), spec.tokens + 5);
@@ -439,7 +439,7 @@ TEST(RateAllocation, EvictionSpreadOverLayersWeighsEachLayerByItsCodedTokens) {
   KVCompressor comp(fx.shape, c);
   ThreadPool pool(2);
   const CompressedKV cache = comp.compress(fx.seq, &fx.queries);
-  EXPECT_EQ(entropy::serialize(comp.compress(fx.seq, &fx.queries, &pool)), entropy::serialize(cache));
+  EXPECT_EQ(container::serialize(comp.compress(fx.seq, &fx.queries, &pool)), container::serialize(cache));
   const CacheLayout& L = cache.layout();
   // The tokens each layer codes: kept, less the pinned sinks (fp16_sinks).
   std::vector<int64_t> coded;

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "e8kv/compressor.hpp"
-#include "e8kv/entropy/container.hpp"
+#include "e8kv/container/container.hpp"
 #include "e8kv/error.hpp"
 #include "e8kv/store/prefix.hpp"
 #include "e8kv/store/store.hpp"
@@ -147,9 +147,9 @@ std::vector<uint8_t> make_container(uint64_t seed) {
   spec.seed = seed;
   e8kv::testkit::Fixture f(spec);
   e8kv::KVCompressor c(f.shape, e8kv::Config::parse("preset=quant-k3v2"));
-  return e8kv::entropy::serialize(c.compress(f.seq));
+  return e8kv::container::serialize(c.compress(f.seq));
 }
-void check_container(const uint8_t* p, size_t n) { (void)e8kv::entropy::deserialize(p, n); }
+void check_container(const uint8_t* p, size_t n) { (void)e8kv::container::deserialize(p, n); }
 
 // ---- against stores ---------------------------------------------------------------------------
 

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "e8kv/cache/compressed_kv.hpp"
-#include "e8kv/entropy/checksum.hpp"
-#include "e8kv/entropy/container.hpp"
+#include "e8kv/container/checksum.hpp"
+#include "e8kv/container/container.hpp"
 
 namespace e8kv::test {
 
@@ -19,12 +19,12 @@ class Digest {
   template <class T>
   void add_vector(const std::vector<T>& v) {
     add_u64(v.size());
-    if (!v.empty()) crc_ = entropy::crc32c(v.data(), v.size() * sizeof(T), crc_);
+    if (!v.empty()) crc_ = container::crc32c(v.data(), v.size() * sizeof(T), crc_);
   }
   void add_u64(uint64_t x) {
     unsigned char b[8];
     for (int i = 0; i < 8; ++i) b[i] = static_cast<unsigned char>(x >> (8 * i));
-    crc_ = entropy::crc32c(b, 8, crc_);
+    crc_ = container::crc32c(b, 8, crc_);
   }
   uint32_t value() const { return crc_; }
   std::string hex() const {
@@ -143,7 +143,7 @@ inline std::string cache_digest_for_version(const CompressedKV& cache, int versi
 }
 
 /// Digest of a plain cache (dtype, shape, elements).
-inline std::string plain_digest(const entropy::PlainCache& p) {
+inline std::string plain_digest(const container::PlainCache& p) {
   Digest d;
   d.add_u64(static_cast<uint64_t>(p.dtype));
   d.add_u64(static_cast<uint64_t>(p.tokens));

@@ -13,8 +13,8 @@
 #include <limits>
 #include <stdexcept>
 
-#include "e8kv/entropy/checksum.hpp"
-#include "e8kv/entropy/container.hpp"
+#include "e8kv/container/checksum.hpp"
+#include "e8kv/container/container.hpp"
 #include "ggml-backend.h"
 #include "llama-impl.h"
 #include "llama-e8kv-memory.h"
@@ -438,13 +438,13 @@ void Memory::state_write(llama_io_write_i& io, llama_seq_id seq_id, llama_state_
   for (size_t id : ids) {
     const Sequence& s = seqs_[id];
     int32_t meta[4] = {static_cast<int32_t>(id), s.pos_min, s.pos_max, static_cast<int32_t>(groups_.size())};
-    const uint32_t crc = e8kv::entropy::crc32c(meta, sizeof(meta));
+    const uint32_t crc = e8kv::container::crc32c(meta, sizeof(meta));
     io.write(meta, 3 * sizeof(int32_t));
     io.write(&meta[3], sizeof(int32_t));
     io.write(&crc, sizeof(crc));
     for (size_t g = 0; g < groups_.size(); ++g) {
       const std::vector<uint8_t> blob =
-          g < s.caches.size() && s.caches[g] ? e8kv::entropy::serialize(*s.caches[g]) : std::vector<uint8_t>();
+          g < s.caches.size() && s.caches[g] ? e8kv::container::serialize(*s.caches[g]) : std::vector<uint8_t>();
       const uint64_t size = blob.size();
       io.write(&size, sizeof(size));
       io.write(blob.data(), blob.size());
@@ -483,7 +483,7 @@ void Memory::read_state(llama_io_read_i& io, llama_seq_id seq_id, llama_state_se
       uint32_t crc = 0;
       io.read(&meta[3], sizeof(int32_t));
       io.read(&crc, sizeof(crc));
-      if (crc != e8kv::entropy::crc32c(meta, sizeof(meta)))
+      if (crc != e8kv::container::crc32c(meta, sizeof(meta)))
         throw std::runtime_error("e8kv memory: a sequence record of the state is corrupt (checksum mismatch)");
     }
     const uint32_t n_groups = static_cast<uint32_t>(meta[3]);
@@ -511,7 +511,7 @@ void Memory::read_state(llama_io_read_i& io, llama_seq_id seq_id, llama_state_se
       }
       std::unique_ptr<e8kv::CompressedKV> cache;
       try {
-        cache = std::make_unique<e8kv::CompressedKV>(e8kv::entropy::deserialize(blob.data(), blob.size()));
+        cache = std::make_unique<e8kv::CompressedKV>(e8kv::container::deserialize(blob.data(), blob.size()));
       } catch (const std::exception& e) {
         throw std::runtime_error("e8kv memory: the state's cache of " + groups_[g].layers.describe() +
                                  " is refused: " + e.what());

@@ -10,7 +10,7 @@
 #include <limits>
 
 #include "e8kv/detail/byte_io.hpp"
-#include "e8kv/entropy/checksum.hpp"
+#include "e8kv/container/checksum.hpp"
 #include "e8kv/error.hpp"
 #include "e8kv/numeric/half.hpp"
 
@@ -178,7 +178,7 @@ std::vector<uint8_t> write_packed(const Header& h, const std::vector<std::vector
   w.put<uint64_t>(h.prefix.size());
   w.bytes(h.prefix);
   for (const auto& c : containers) w.put<uint64_t>(c.size());
-  w.put<uint32_t>(entropy::crc32c(out.data(), out.size()));
+  w.put<uint32_t>(container::crc32c(out.data(), out.size()));
   for (const auto& c : containers) w.bytes(c);
   return out;
 }
@@ -247,7 +247,7 @@ Header read_packed(const uint8_t* p, size_t size, std::vector<ContainerSpan>* sp
   for (auto& s : sizes) s = r.get<uint64_t>("container bytes");
   const size_t header_end = r.offset();
   const uint32_t crc = r.get<uint32_t>("header CRC-32C");
-  if (crc != entropy::crc32c(p, header_end)) r.fail("header CRC-32C mismatch (corrupt header)");
+  if (crc != container::crc32c(p, header_end)) r.fail("header CRC-32C mismatch (corrupt header)");
   uint64_t total = 0;
   for (uint64_t s : sizes) {
     if (s > r.remaining()) r.fail("a container of " + std::to_string(s) + " bytes; " + std::to_string(r.remaining()) + " follow");
@@ -365,7 +365,7 @@ std::vector<uint8_t> compress_seq_state(const uint8_t* state, size_t size, const
     std::vector<LayerRows> rows;
     const SequenceKV seq = sequence_of(S, sorted, order, shape, 0, static_cast<int64_t>(S.cells()), &rows);
     const CompressedKV cache = caches[c]->compress(seq, queries_of(options, c), options.executor);
-    containers.push_back(entropy::serialize(cache, options.container));
+    containers.push_back(container::serialize(cache, options.container));
   }
   return write_packed(h, containers);
 }
@@ -390,8 +390,8 @@ std::vector<uint8_t> extend_compressed_state(const uint8_t* packed, size_t packe
   for (size_t c = 0; c < caches.size(); ++c) {
     const std::string name = "extend_compressed_state: " + cache_name(c, caches.size());
     CacheHeader& ch = h.caches[c];
-    entropy::DeserializeOptions dopt;
-    CompressedKV cache = entropy::deserialize(packed + spans[c].offset, spans[c].size, dopt);
+    container::DeserializeOptions dopt;
+    CompressedKV cache = container::deserialize(packed + spans[c].offset, spans[c].size, dopt);
     const ModelShape& shape = caches[c]->shape();
     uint32_t stream = 0;
     const SeqStateStream& S = cells_stream(states[c], shape, &stream);
@@ -429,7 +429,7 @@ std::vector<uint8_t> extend_compressed_state(const uint8_t* packed, size_t packe
     // The restored state lists the cells sorted: the earlier cells' order is not known any more.
     ch.cells = static_cast<uint32_t>(cache.original_tokens());
     ch.order.clear();
-    containers.push_back(entropy::serialize(cache, options.container));
+    containers.push_back(container::serialize(cache, options.container));
   }
   return write_packed(h, containers);
 }
@@ -502,13 +502,13 @@ SeqState restore_cache(const CacheHeader& h, const CompressedKV& cache, const st
 
 }  // namespace
 
-std::vector<uint8_t> restore_seq_state(const uint8_t* packed, size_t size, const entropy::DeserializeOptions& options,
+std::vector<uint8_t> restore_seq_state(const uint8_t* packed, size_t size, const container::DeserializeOptions& options,
                                        Executor* executor) {
   std::vector<ContainerSpan> spans;
   const Header h = read_packed(packed, size, &spans);
   std::vector<SeqState> states;
   for (size_t c = 0; c < h.caches.size(); ++c) {
-    const CompressedKV cache = entropy::deserialize(packed + spans[c].offset, spans[c].size, options);
+    const CompressedKV cache = container::deserialize(packed + spans[c].offset, spans[c].size, options);
     states.push_back(restore_cache(h.caches[c], cache, cache_name(c, h.caches.size()), executor));
   }
   std::vector<uint8_t> out = h.prefix;
@@ -533,7 +533,7 @@ CompressedStateInfo read_compressed_state_info(const uint8_t* packed, size_t siz
     ci.k_types = ch.k_types;
     ci.v_types = ch.v_types;
     ci.container_bytes = spans[c].size;
-    ci.container = entropy::read_info(packed + spans[c].offset, spans[c].size);
+    ci.container = container::read_info(packed + spans[c].offset, spans[c].size);
     info.container_bytes += spans[c].size;
     info.caches.push_back(std::move(ci));
   }

@@ -31,7 +31,7 @@
 // The compressed state ("E8KVLCPP"): a small header (per KV cache the state's stream layout,
 // types, sequence id and the cells' order; any bytes that preceded the state verbatim, such as a
 // slot file's token list; each container's size) with its CRC-32C, then per KV cache e8kv's
-// container (entropy/container.hpp) holding the codes. Version 1 holds one cache, version 2 (a
+// container (container/container.hpp) holding the codes. Version 1 holds one cache, version 2 (a
 // cache count after the version) several; one cache is always written as version 1. Every byte
 // is in the returned vector: its size is the compressed size.
 #pragma once
@@ -44,7 +44,7 @@
 #include "e8kv/cache/compressed_kv.hpp"
 #include "e8kv/cache/kv_view.hpp"
 #include "e8kv/compressor.hpp"
-#include "e8kv/entropy/container.hpp"
+#include "e8kv/container/container.hpp"
 #include "e8kv/llama_cpp/seq_state.hpp"
 #include "e8kv/parallel.hpp"
 
@@ -56,7 +56,7 @@ struct StateCompressOptions {
   /// tensors, captured with cb_eval).
   std::vector<const std::vector<LayerQueries>*> queries;
   Executor* executor = nullptr;  ///< plans the layers in parallel (KVCompressor::compress)
-  entropy::ContainerOptions container;    ///< chunking, zstd level of the codes
+  container::ContainerOptions container;    ///< chunking, zstd level of the codes
   /// Bytes that preceded the state and come back before it on restore, verbatim (a slot file's
   /// magic, version and token list: compress_slot_file sets them).
   std::vector<uint8_t> prefix;
@@ -89,7 +89,7 @@ std::vector<uint8_t> extend_compressed_state(const uint8_t* packed, size_t packe
 /// compress time. Throws e8kv::Error on truncated, corrupt or foreign bytes. With an executor the
 /// layers are decoded in parallel (the same bytes as without).
 std::vector<uint8_t> restore_seq_state(const uint8_t* packed, size_t size,
-                                       const entropy::DeserializeOptions& options = {}, Executor* executor = nullptr);
+                                       const container::DeserializeOptions& options = {}, Executor* executor = nullptr);
 
 /// What a compressed state holds, read from its header and container headers only.
 struct CompressedCacheInfo {
@@ -99,7 +99,7 @@ struct CompressedCacheInfo {
   uint32_t cells = 0;                 ///< cells of the original state (before eviction)
   std::vector<int32_t> k_types, v_types;  ///< per layer
   size_t container_bytes = 0;
-  entropy::ContainerInfo container;
+  container::ContainerInfo container;
 };
 struct CompressedStateInfo {
   std::vector<CompressedCacheInfo> caches;  ///< per KV cache, in llama.cpp's order

@@ -17,7 +17,7 @@
 
 #include "container/format.hpp"
 #include "container/layer_table.hpp"
-#include "entropy/container_test_util.hpp"
+#include "container/container_test_util.hpp"
 
 namespace {
 

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "detail/field_kinds.hpp"
-#include "entropy/container_test_util.hpp"
+#include "container/container_test_util.hpp"
 
 namespace {
 

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "container/format.hpp"
-#include "entropy/container_test_util.hpp"
+#include "container/container_test_util.hpp"
 
 namespace {
 

@@ -1,4 +1,4 @@
-// Helpers shared by the container tests (tests/entropy/): small synthetic caches, field-by-field
+// Helpers shared by the container tests (tests/container/): small synthetic caches, field-by-field
 // comparisons written independently of the library, and patching of serialized bytes at the
 // offsets docs/format.md gives.
 #pragma once
@@ -17,15 +17,15 @@
 #include "e8kv/attention/attend.hpp"
 #include "e8kv/cache/cache_codecs.hpp"
 #include "e8kv/compressor.hpp"
-#include "e8kv/entropy/checksum.hpp"
-#include "e8kv/entropy/container.hpp"
+#include "e8kv/container/checksum.hpp"
+#include "e8kv/container/container.hpp"
 #include "e8kv/error.hpp"
 #include "testing/synthetic_kv.hpp"
 #include "testing/test_util.hpp"
 
 namespace e8kv::container_test {
 
-namespace ent = e8kv::entropy;
+namespace ent = e8kv::container;
 using LayerData = CompressedKV::LayerData;
 
 struct Made {

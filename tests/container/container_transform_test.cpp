@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "entropy/container_test_util.hpp"
+#include "container/container_test_util.hpp"
 
 namespace {
 

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "entropy/container_test_util.hpp"
+#include "container/container_test_util.hpp"
 #include "testing/cache_digest.hpp"
 
 namespace {

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "e8kv/numeric/half.hpp"
-#include "entropy/container_test_util.hpp"
+#include "container/container_test_util.hpp"
 
 namespace {
 

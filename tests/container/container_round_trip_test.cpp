@@ -1,4 +1,4 @@
-// Writer and reader together (include/e8kv/entropy/container.hpp): every codec, preset, gain
+// Writer and reader together (include/e8kv/container/container.hpp): every codec, preset, gain
 // width and position-set mode survives serialize -> deserialize field by field and attends
 // identically; partial reads equal slices of the full read; the writer refuses what it could
 // not read back.
@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "e8kv/version.hpp"
-#include "entropy/container_test_util.hpp"
+#include "container/container_test_util.hpp"
 #include "testing/cache_digest.hpp"
 
 namespace {

@@ -1,6 +1,6 @@
-// Tests of CRC-32C (include/e8kv/entropy/checksum.hpp): catalogue and RFC 3720 vectors, every
+// Tests of CRC-32C (include/e8kv/container/checksum.hpp): catalogue and RFC 3720 vectors, every
 // implementation against the bitwise reference, extension across calls.
-#include "e8kv/entropy/checksum.hpp"
+#include "e8kv/container/checksum.hpp"
 
 #include <gtest/gtest.h>
 
@@ -11,7 +11,7 @@
 
 namespace {
 
-namespace ent = e8kv::entropy;
+namespace ent = e8kv::container;
 using namespace e8kv;
 
 TEST(Crc32c, CatalogueCheckValue) {
