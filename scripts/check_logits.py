@@ -7,8 +7,9 @@ The engine is run through its CLI (e8kv-llama --logits), both as one prefill and
 through DenseKvBackend (--decode). Reports top-1 agreement, max / mean absolute logit error and
 the mean KL divergence of the next-token distributions.
 
-Runs itself inside a virtual environment under ${E8KV_CACHE:-~/.cache/e8kv}/venv, created on
-first use with pip (PyPI: torch, transformers, gguf, numpy). Usage:
+Runs itself inside the project's pinned torch + transformers venv (scripts/python-venv.sh:
+${E8KV_CACHE:-~/.cache/e8kv}/peers/venv from bench/peers/requirements.lock, which pins torch,
+transformers, gguf, accelerate and numpy; ~6 GB, made on first use). Usage:
   scripts/check_logits.py --bin build/examples/llama/e8kv-llama [--tokens 512] [--text F ...]
 Exit status 0 when top-1 agreement is at least 99% on every text."""
 import argparse
@@ -18,21 +19,18 @@ import sys
 import tempfile
 
 CACHE = os.environ.get("E8KV_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "e8kv")
-VENV = os.path.join(CACHE, "venv")
-REQUIREMENTS = ["gguf", "numpy", "torch", "transformers", "tokenizers", "accelerate"]
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def ensure_venv():
-    if os.path.realpath(sys.prefix) == os.path.realpath(VENV):
+    """Re-executes this script with the Python of the project's pinned torch + transformers venv,
+    which scripts/python-venv.sh prints (creating it first when it is missing or stale)."""
+    made = subprocess.run(["bash", os.path.join(ROOT, "scripts", "python-venv.sh")], check=True,
+                          stdout=subprocess.PIPE, text=True)
+    venv = made.stdout.strip().splitlines()[-1]
+    if os.path.realpath(sys.prefix) == os.path.realpath(venv):
         return
-    python = os.path.join(VENV, "bin", "python")
-    if not os.path.exists(python):
-        print(f"[check_logits] creating {VENV}", file=sys.stderr)
-        subprocess.check_call([sys.executable, "-m", "venv", VENV])
-    probe = subprocess.run([python, "-c", "import gguf, torch, transformers, accelerate"], capture_output=True)
-    if probe.returncode != 0:
-        print("[check_logits] installing " + " ".join(REQUIREMENTS) + " (large: torch)", file=sys.stderr)
-        subprocess.check_call([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", *REQUIREMENTS])
+    python = os.path.join(venv, "bin", "python")
     os.execv(python, [python, *sys.argv])
 
 

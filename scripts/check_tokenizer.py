@@ -10,8 +10,9 @@ References:
                  converter); reported, and a mismatch there is informative only when the first
                  reference agrees (its converter may not know the "smollm" pre-tokenizer).
 
-Runs itself inside a virtual environment under ${E8KV_CACHE:-~/.cache/e8kv}/venv, created on
-first use with pip (PyPI). Usage:
+Runs itself inside the project's pinned torch + transformers venv (scripts/python-venv.sh:
+${E8KV_CACHE:-~/.cache/e8kv}/peers/venv from bench/peers/requirements.lock, which pins gguf,
+tokenizers and transformers; ~6 GB, made on first use). Usage:
   scripts/check_tokenizer.py --bin build/examples/llama/e8kv-llama [--model F] [--text F ...]
 Exit status 0 when every sample matches the hf-tokenizers reference exactly."""
 import argparse
@@ -21,22 +22,18 @@ import sys
 import tempfile
 
 CACHE = os.environ.get("E8KV_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "e8kv")
-VENV = os.path.join(CACHE, "venv")
-REQUIREMENTS = ["gguf", "numpy", "tokenizers", "transformers"]
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def ensure_venv():
-    """Re-executes this script with the cache venv's Python, creating it when needed."""
-    if os.path.realpath(sys.prefix) == os.path.realpath(VENV):
+    """Re-executes this script with the Python of the project's pinned torch + transformers venv,
+    which scripts/python-venv.sh prints (creating it first when it is missing or stale)."""
+    made = subprocess.run(["bash", os.path.join(ROOT, "scripts", "python-venv.sh")], check=True,
+                          stdout=subprocess.PIPE, text=True)
+    venv = made.stdout.strip().splitlines()[-1]
+    if os.path.realpath(sys.prefix) == os.path.realpath(venv):
         return
-    python = os.path.join(VENV, "bin", "python")
-    if not os.path.exists(python):
-        print(f"[check_tokenizer] creating {VENV}", file=sys.stderr)
-        subprocess.check_call([sys.executable, "-m", "venv", VENV])
-    probe = subprocess.run([python, "-c", "import gguf, tokenizers, transformers"], capture_output=True)
-    if probe.returncode != 0:
-        print("[check_tokenizer] installing " + " ".join(REQUIREMENTS), file=sys.stderr)
-        subprocess.check_call([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", *REQUIREMENTS])
+    python = os.path.join(venv, "bin", "python")
     os.execv(python, [python, *sys.argv])
 
 

@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
-"""Peer harness: e8kv (through its C ABI), NVIDIA kvpress and NexusQuant's own package, each run
-from its own code on the same model, the same token ids and the same protocol.
+"""Peer harness: e8kv (through its Python package, python/src: ctypes over its C ABI), NVIDIA
+kvpress and NexusQuant's own package, each run from its own code on the same model, the same
+token ids and the same protocol.
 
 Protocol ("at rest", one for every row), per chunk of C + T tokens of a corpus:
   1. prefill the first C - 1 tokens with Hugging Face transformers (SmolLM2-135M loaded from the
      project's GGUF, fp32), keeping the untouched cache and the last 32 post-RoPE queries of every
      layer (e8kv's observation window);
-  2. transform the cache once: e8kv compresses it (C ABI: e8kv_compress, then
-     e8kv_decompress_layer gives the dense rows and the -inf mask of evicted tokens); NexusQuant's
+  2. transform the cache once: e8kv compresses it (e8kv.Compressor.compress, then
+     Cache.decompress gives the dense rows and the -inf mask of evicted tokens); NexusQuant's
      entry points rewrite it; a kvpress press prunes it during its own prefill (its hooks run
      inside the forward pass, so a press row prefills again with the press active);
   3. teacher-force the next T tokens in one forward pass over the transformed cache (those T
@@ -25,8 +26,8 @@ mask: -inf where 0). kvpress removes tokens, so its rows need no bias. Positions
 are passed explicitly, so removed tokens do not shift RoPE.
 
 Bits per element (K and V of every prefill token, fp16 = 16):
-  e8kv      e8kv_cache_bits_per_element: codes, gains, means, positions, fp16 window and sinks,
-            descriptor; what a decoder needs.
+  e8kv      Cache.bits_per_element (e8kv_cache_bits_per_element): codes, gains, means,
+            positions, fp16 window and sinks, descriptor; what a decoder needs.
   kvpress   16 x kept / original (kept rows in fp16; kvpress stores no positions, RoPE'd keys
             carry them).
   NexusQuant  "stored": what its cache holds after its call (dequantized fp16 rows of every
@@ -39,6 +40,8 @@ Bits per element (K and V of every prefill token, fp16 = 16):
 Usage (scripts/peers.sh sets up the environment and calls this):
   peers.py --lib build/x/libe8kv_c.so --tokenizer build/x/examples/llama/e8kv-llama --out DIR
            [--ctx 1024] [--cont 128] [--chunks 8] [--only SUBSTRING,...]
+e8kv is the package of this checkout (python/src, put first on sys.path); it loads the library
+that --lib names (through E8KV_LIBRARY, which the package reads).
 """
 import argparse
 import contextlib
@@ -54,10 +57,10 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-import torch  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e8kv_ctypes import E8kv  # noqa: E402
+# torch (the peers' venv) and e8kv are imported by main() once the arguments are parsed, so that
+# --help and --report run under any Python 3.
+torch = None
+PACKAGE_SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python", "src")
 
 OBS_WINDOW = 32   # e8kv's default observation window (e8kv-eval's too)
 CAPTURE = 64      # queries captured per layer: a row whose spec sets window=64 gets all of them
@@ -92,7 +95,7 @@ def peer_attention(module, query, key, value, attention_mask, scaling, dropout=0
         assert b == 1 and q_len == 1 and k_len == 1, (b, q_len, k_len)
         cache, position = STATE.decode
         cache.append(layer, key[0, :, 0, :], value[0, :, 0, :], position)
-        out = cache.attend(layer, query[0, :, 0, :], position)
+        out = torch.from_numpy(cache.attend(layer, query[0, :, 0, :], position))
         return out[None, None].to(query.dtype), None
     if STATE.capture is not None:
         STATE.capture[layer] = query[0, :, -CAPTURE:, :].permute(1, 0, 2).float().contiguous()
@@ -168,29 +171,32 @@ class Row:
         self.error = None
 
 
-def e8kv_compress(ctx, e8kv, spec, at_rest):
-    """The untouched prefill cache compressed through the C ABI: (Cache, shape). At rest (the
+def e8kv_compress(ctx, spec, at_rest):
+    """The untouched prefill cache compressed by the e8kv package: (e8kv.Cache, shape). At rest (the
     continuation stays dense) a spec without `residual` codes the prefill's last tokens too, as
     Config::parse_at_rest does for e8kv-eval --at-rest and the llama.cpp state tools."""
     if at_rest and "residual=" not in spec:
         spec = f"{spec},residual=0"
-    cfg = ctx["config"]
-    shape = (cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.num_attention_heads, ctx["head_dim"])
+    import e8kv
+    from e8kv.model_spec import model_shape, rope_theta_field
+    shape = model_shape(ctx["config"])
     ref = ctx["ref_cache"]
     keys = [l.keys[0].permute(1, 0, 2) for l in ref.layers]      # [tokens, kv_heads, d]
     values = [l.values[0].permute(1, 0, 2) for l in ref.layers]
     window = 64 if "window=64" in spec else OBS_WINDOW
     queries = [ctx["queries"][i][-window:] for i in range(shape[0])]
-    full = f"{spec},rope_theta={ctx['rope_theta']:g}"
-    return e8kv.compress(shape, full, keys, values, queries), shape
+    full = f"{spec},{rope_theta_field(ctx['rope_theta'])}"
+    # No pool: the calling thread does the work (results never depend on the pool).
+    return e8kv.Compressor(shape, full).compress(keys, values, queries), shape
 
 
-def e8kv_decode_row(ctx, e8kv, spec, model, cont, first_position):
-    """The e8kv protocol through the C ABI: the prefill compressed, then every continuation token
-    decoded one at a time, appended to the cache and attended over its codes. Returns (logits,
-    bits at the end of the chunk, description)."""
+def e8kv_decode_row(ctx, spec, model, cont, first_position):
+    """The e8kv protocol through the package's Cache (peer_attention calls Cache.append and
+    Cache.attend): the prefill compressed, then every continuation token decoded one at a time,
+    appended to the cache and attended over its codes. Returns (logits, bits at the end of the
+    chunk, the compressor's full spec)."""
     from transformers import DynamicCache
-    c, _ = e8kv_compress(ctx, e8kv, spec, at_rest=False)
+    c, _ = e8kv_compress(ctx, spec, at_rest=False)
     logits = []
     try:
         for t, token in enumerate(cont):
@@ -201,12 +207,12 @@ def e8kv_decode_row(ctx, e8kv, spec, model, cont, first_position):
             logits.append(out.logits[0, -1].float())
     finally:
         STATE.decode = None
-    return torch.stack(logits), c.bits_per_element(), c.description
+    return torch.stack(logits), c.bits_per_element, c.compressor.spec
 
 
 def e8kv_hf_row(ctx, preset, model, cont):
-    """The same protocol through the Python package (python/, e8kv.hf): `with e8kv.hf.compress`,
-    the prefill in one forward pass (compressed with its last 32 queries), then the continuation
+    """The same protocol through the package's transformers integration (e8kv.hf): `with
+    e8kv.hf.compress`, the prefill in one forward pass (compressed with its last 32 queries), then the continuation
     in one multi-token forward pass, which the package feeds token by token through the codes
     (exact decode semantics). Returns (logits, bits at the end of the chunk, spec)."""
     import e8kv.hf
@@ -220,15 +226,16 @@ def e8kv_hf_row(ctx, preset, model, cont):
     return logits, bits, spec
 
 
-def e8kv_row(ctx, e8kv, spec):
-    """Compresses the untouched prefill cache through the C ABI and returns (cache, bias, bits, kept)."""
-    c, shape = e8kv_compress(ctx, e8kv, spec, at_rest=True)
+def e8kv_row(ctx, spec):
+    """Compresses the untouched prefill cache with the e8kv package and returns (cache, bias, bits,
+    kept, the compressor's full spec, container bits)."""
+    c, shape = e8kv_compress(ctx, spec, at_rest=True)
     ref = ctx["ref_cache"]
     from transformers import DynamicCache
     n = ref.layers[0].keys.shape[2]
     out, bias, kept = DynamicCache(), [], []
     for layer in range(shape[0]):
-        pos, k, v, mask = c.decompress_layer(layer)
+        pos, k, v, mask = (torch.from_numpy(a) for a in c.decompress(layer))
         # rows at every position 0 .. n-1 (the layer's extent can be shorter when every head
         # evicted the first or last positions: fill those as masked)
         kf = torch.zeros(n, shape[1], shape[3])
@@ -241,7 +248,7 @@ def e8kv_row(ctx, e8kv, spec):
         kept.append(float(torch.isfinite(mf).float().mean()))
     elements = 2.0 * shape[0] * shape[1] * shape[3] * n
     container = 8.0 * c.serialized_size() / elements
-    return out, bias, c.bits_per_element(), sum(kept) / len(kept), c.description, container
+    return out, bias, c.bits_per_element, sum(kept) / len(kept), c.compressor.spec, container
 
 
 def kvpress_row(ctx, model, press):
@@ -404,7 +411,7 @@ class Progress:
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     cache_dir = os.environ.get("E8KV_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "e8kv")
-    ap.add_argument("--lib", help="libe8kv_c.so")
+    ap.add_argument("--lib", help="libe8kv_c.so (the e8kv package loads it: E8KV_LIBRARY is set to it)")
     ap.add_argument("--tokenizer", help="the e8kv-llama binary (its --tokenize-file)")
     ap.add_argument("--model", default=os.path.join(cache_dir, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
     ap.add_argument("--text", nargs="*", default=[os.path.join(cache_dir, "text", "tech.txt"),
@@ -432,6 +439,13 @@ def main():
     if not a.lib or not a.tokenizer:
         ap.error("--lib and --tokenizer are required (except with --report)")
     os.makedirs(a.out, exist_ok=True)
+    global torch
+    import torch
+    # One e8kv for every row: this checkout's package, loading the library --lib names.
+    os.environ["E8KV_LIBRARY"] = os.path.abspath(a.lib)
+    sys.path.insert(0, PACKAGE_SRC)
+    import e8kv
+    from e8kv.model_spec import model_shape
     torch.manual_seed(0)
     torch.set_num_threads(a.threads or max(1, os.cpu_count() or 1))
 
@@ -441,15 +455,11 @@ def main():
     AttentionInterface.register("e8kv_peer", peer_attention)
 
     versions = {p: md.version(p) for p in ("torch", "transformers", "kvpress", "nexusquant-kv", "gguf")}
-    e8kv = E8kv(a.lib)
-    # The Python package's rows (e8kv.hf) load the same library, from this checkout's python/src.
-    os.environ.setdefault("E8KV_LIBRARY", os.path.abspath(a.lib))
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python", "src"))
-    versions["e8kv"] = e8kv.version
+    versions["e8kv"] = e8kv.library_version()
     t0 = time.time()
     model, model_bf16 = load_model(a.model, torch.float32), None
     cfg = model.config
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    head_dim = model_shape(cfg).head_dim
     rope_theta = float((getattr(cfg, "rope_parameters", None) or {}).get("rope_theta", 0) or
                        getattr(cfg, "rope_theta", 10000.0))
     print(f"[peers] model loaded in {time.time() - t0:.1f} s: {cfg.num_hidden_layers} layers, "
@@ -544,10 +554,10 @@ def main():
                     logits, bits, desc = e8kv_hf_row(ctx, spec[1], model, cont)
                     bias, kept, row.note = None, None, desc
                 elif spec[0] == "e8kv-decode":
-                    logits, bits, desc = e8kv_decode_row(ctx, e8kv, spec[1], model, cont, C - 1)
+                    logits, bits, desc = e8kv_decode_row(ctx, spec[1], model, cont, C - 1)
                     bias, kept, row.note = None, None, desc  # kept: not measured on this path
                 elif spec[0] == "e8kv":
-                    cache, bias, bits, kept, desc, container = e8kv_row(ctx, e8kv, spec[1])
+                    cache, bias, bits, kept, desc, container = e8kv_row(ctx, spec[1])
                     row.note = desc
                     row.container.append(container)
                 elif spec[0] == "kvpress":

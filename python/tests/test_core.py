@@ -297,9 +297,10 @@ def test_closed_objects_raise():
     pool.close()
     with pytest.raises(e8kv.E8kvError, match="thread pool is closed"):
         live.attend(0, q[0, 0], 30, pool=pool)
-    with e8kv.Compressor(SHAPE, "") as c2, c2.compress(k, v) as cache2:
-        assert cache2.original_tokens == 30
-    assert cache2.closed
+    assert pool.closed
+    with e8kv.Compressor(SHAPE, "") as c2, c2.compress(k, v) as cache2, e8kv.ThreadPool(1) as pool2:
+        assert cache2.original_tokens == 30 and not (c2.closed or cache2.closed or pool2.closed)
+    assert cache2.closed and c2.closed and pool2.closed
 
 
 def test_threads_read_concurrently_and_writers_wait():

@@ -1,6 +1,9 @@
 """e8kv.kvpress.E8Press inside kvpress 0.5 (its venv pins transformers < 5.3): the press codes each
 layer's prefill, the cache then holds e8kv's decoded rows, and bits_per_element is e8kv's own
 byte count over the prefill's elements."""
+import subprocess
+import sys
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -56,3 +59,14 @@ def test_press_after_a_scorer_press_keeps_its_rows():
 def test_cross_layer_specs_are_refused():
     with pytest.raises(e8kv.E8kvError, match="every layer"):
         E8Press("preset=quant-k3v2,budget=2.5")
+
+
+def test_import_leaves_transformers_attention_alone():
+    # e8kv.kvpress reads the model facts from e8kv.model_spec; importing e8kv.hf (which registers
+    # "e8kv" with transformers' attention and mask interfaces) is for those who use it.
+    code = ("import sys, e8kv.kvpress\n"
+            "from transformers import AttentionInterface, AttentionMaskInterface\n"
+            "assert 'e8kv.hf' not in sys.modules\n"
+            "assert 'e8kv' not in AttentionInterface._global_mapping\n"
+            "assert 'e8kv' not in AttentionMaskInterface._global_mapping\n")
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -12,7 +12,7 @@ import contextlib
 import ctypes
 import threading
 from ctypes import POINTER, byref, c_double, c_float, c_int32, c_int64, c_size_t, c_uint64, c_void_p
-from typing import Any, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Iterator, List, NamedTuple, Optional, Sequence, Tuple, TypeVar
 
 import numpy as np
 
@@ -118,6 +118,43 @@ class _Guard:
             destroy(handle)
 
 
+_Handle = TypeVar("_Handle", bound="_NativeHandle")
+
+
+class _NativeHandle:
+    """The lifetime of an object that owns one library handle (ThreadPool, Compressor, Cache),
+    written once: the handle lives in a _Guard; close / closed / `with` / garbage collection free
+    it through the subclass's C destroy function. A subclass names its kind (in "the cache is
+    closed") and its destroy function, and calls _own(handle) as soon as the library made one, so
+    that a later failure in its constructor still frees it."""
+
+    _kind = ""     # "thread pool", "compressor", "cache"
+    _destroy = ""  # the c_api.h function that frees the handle, e.g. "e8kv_cache_destroy"
+
+    def _own(self, handle: int) -> None:
+        self._guard = _Guard(self._kind)
+        self._guard.handle = handle
+
+    def close(self) -> None:
+        """Frees the handle, after the calls running on it end; later use raises E8kvError."""
+        self._guard.close(getattr(lib(), self._destroy))
+
+    @property
+    def closed(self) -> bool:
+        return self._guard.handle is None
+
+    def __enter__(self: _Handle) -> _Handle:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        # Not before the constructor owned a handle, nor once the interpreter dropped the library.
+        if getattr(self, "_guard", None) is not None and _lib is not None:
+            self.close()
+
+
 @contextlib.contextmanager
 def _pool_handle(pool: Optional["ThreadPool"], where: str) -> Iterator[Optional[int]]:
     if pool is None:
@@ -167,72 +204,44 @@ def _shape(shape: Any, where: str) -> ModelShape:
 
 # ---- thread pool ---------------------------------------------------------------------------------
 
-class ThreadPool:
+class ThreadPool(_NativeHandle):
     """A pool of `threads` workers (the calling thread is one of them) for compress, extend and
-    attention calls (`pool=`). Results never depend on the pool or its size."""
+    attention calls (`pool=`). Results never depend on the pool or its size. close() waits for
+    the calls using it."""
+
+    _kind, _destroy = "thread pool", "e8kv_thread_pool_destroy"
 
     def __init__(self, threads: int):
-        self._guard = _Guard("thread pool")
         handle = c_void_p()
         if not isinstance(threads, int):
             raise E8kvError(f"ThreadPool: threads is a {type(threads).__name__}; expected an int in 1 .. 1024")
         _check(lib().e8kv_thread_pool_create(threads if -2**31 <= threads < 2**31 else -1, byref(handle)))
-        self._guard.handle = handle.value
+        self._own(handle.value)
         self.threads = threads
-
-    def close(self) -> None:
-        """Frees the pool (waits for calls using it); later use raises E8kvError."""
-        self._guard.close(lib().e8kv_thread_pool_destroy)
-
-    def __enter__(self) -> "ThreadPool":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        if getattr(self, "_guard", None) is not None and _lib is not None:
-            self.close()
 
 
 # ---- compressor ----------------------------------------------------------------------------------
 
-class Compressor:
+class Compressor(_NativeHandle):
     """The pipeline for one model shape and configuration.
 
     shape: (n_layers, n_kv_heads, n_q_heads, head_dim); spec: a configuration string, e.g.
     "preset=high", "preset=quant-k3v2,evict=0.5,rope_theta=500000" ("" is the default; e8kv.presets()
-    lists the presets). Immutable: any number of threads may use one at once.
+    lists the presets). Immutable: any number of threads may use one at once. After close(), the
+    caches it made stay usable for reads.
     """
+
+    _kind, _destroy = "compressor", "e8kv_compressor_destroy"
 
     def __init__(self, shape: Sequence[int], spec: str = ""):
         where = "Compressor"
         self.shape = _shape(shape, where)
         if not isinstance(spec, str):
             raise E8kvError(f"{where}: spec is a {type(spec).__name__}; expected a string such as 'preset=high'")
-        self._guard = _Guard("compressor")
         handle = c_void_p()
         _check(lib().e8kv_compressor_create(byref(_capi.ModelShape(*self.shape)), spec.encode(), byref(handle)))
-        self._guard.handle = handle.value
+        self._own(handle.value)
         self.spec = self.describe()
-
-    def close(self) -> None:
-        """Frees the compressor (waits for running calls); caches it made stay usable for reads."""
-        self._guard.close(lib().e8kv_compressor_destroy)
-
-    @property
-    def closed(self) -> bool:
-        return self._guard.handle is None
-
-    def __enter__(self) -> "Compressor":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        if getattr(self, "_guard", None) is not None and _lib is not None:
-            self.close()
 
     def __repr__(self) -> str:
         return f"<e8kv.Compressor {tuple(self.shape)} {self.spec if not self.closed else 'closed'}>"
@@ -338,7 +347,7 @@ class AttendRequest(NamedTuple):
     positions: Any = None
 
 
-class Cache:
+class Cache(_NativeHandle):
     """A compressed KV cache: what attention reads (codes, gains, positions, the fp16 window).
 
     Made by Compressor.compress or Cache.from_bytes. Reads (attend, decompress, to_bytes, sizes)
@@ -346,39 +355,21 @@ class Cache:
     them and run alone.
     """
 
+    _kind, _destroy = "cache", "e8kv_cache_destroy"
+
     def __init__(self) -> None:
         raise TypeError("a Cache is made by Compressor.compress or Cache.from_bytes")
 
     @classmethod
     def _adopt(cls, handle: int, compressor: Optional[Compressor]) -> "Cache":
         self = object.__new__(cls)
-        self._guard = _Guard("cache")
-        self._guard.handle = handle
+        self._own(handle)
         self.compressor = compressor
         s = _capi.ModelShape()
         _check(lib().e8kv_cache_shape(handle, byref(s)))
         self.shape = ModelShape(s.n_layers, s.n_kv_heads, s.n_q_heads, s.head_dim)
         self._next_position = None
         return self
-
-    # -- lifetime
-    def close(self) -> None:
-        """Frees the cache (waits for running calls on it); later use raises E8kvError."""
-        self._guard.close(lib().e8kv_cache_destroy)
-
-    @property
-    def closed(self) -> bool:
-        return self._guard.handle is None
-
-    def __enter__(self) -> "Cache":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        if getattr(self, "_guard", None) is not None and _lib is not None:
-            self.close()
 
     def _compressor(self, compressor: Optional[Compressor], where: str) -> Compressor:
         c = compressor if compressor is not None else self.compressor

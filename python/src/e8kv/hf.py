@@ -28,7 +28,9 @@ What happens:
   attention layers, attention logit soft-capping or sinks, non-CPU tensors, RoPE types e8kv
   cannot express (unless the spec says rope=post), training.
 
-torch and transformers are imported when this module is, not by `import e8kv`.
+torch and transformers are imported when this module is, not by `import e8kv`; importing it
+registers the attention function (register()). The model facts (shape, window, RoPE spec) are
+e8kv.model_spec's, which needs neither; they stay importable from here.
 """
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ import json
 import math
 import struct
 import threading
-from typing import Any, Dict, List, Optional
+from typing import Dict, List, Optional
 
 import numpy as np
 import torch
@@ -47,96 +49,14 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from . import _core
-from ._core import Cache as _E8Cache, Compressor, E8kvError, ThreadPool, attend_batch
+from ._core import Compressor, E8kvError, ThreadPool, attend_batch
+# The model facts live in e8kv.model_spec (no torch); these names stay importable from e8kv.hf.
+from .model_spec import make_spec, model_shape, refuse_unsupported, rope_spec, sliding_window_of  # noqa: F401
 
 ATTN_NAME = "e8kv"
 _BLOB_MAGIC = b"E8KVHF01"
 
 _current = threading.local()  # layer_idx -> the E8Layer whose update() ran last on this thread
-
-
-# ---- spec from the model's config ----------------------------------------------------------------
-
-def _text_config(config):
-    return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-
-
-def model_shape(config) -> _core.ModelShape:
-    c = _text_config(config)
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    n_kv = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
-    return _core.ModelShape(c.num_hidden_layers, n_kv, c.num_attention_heads, head_dim)
-
-
-def sliding_window_of(config) -> Optional[int]:
-    """The window of a model whose every layer attends a sliding window (Mistral, Qwen2 with
-    use_sliding_window), or None for full attention. Mixed models (Gemma-3: some layers sliding,
-    some full) are refused: e8kv.hf keeps one cache for all layers."""
-    c = _text_config(config)
-    window = getattr(c, "sliding_window", None)
-    layer_types = getattr(c, "layer_types", None)
-    if layer_types:
-        kinds = sorted(set(layer_types))
-        if kinds == ["full_attention"]:
-            return None
-        if kinds == ["sliding_attention"] and window:
-            return int(window)
-        first = next(i for i, t in enumerate(layer_types) if t != layer_types[0])
-        raise E8kvError(f"e8kv.hf: layer {first} is '{layer_types[first]}' and layer 0 '{layer_types[0]}' "
-                        f"({', '.join(kinds)} in this model); e8kv.hf keeps one cache for every layer, so all "
-                        f"layers must attend alike")
-    if window and getattr(c, "use_sliding_window", True):
-        return int(window)
-    return None
-
-
-def _refuse_unsupported(config) -> None:
-    sliding_window_of(config)
-    c = _text_config(config)
-    for field in ("attn_logit_softcapping", "attention_chunk_size"):
-        if getattr(c, field, None):
-            raise E8kvError(f"e8kv.hf: the model sets {field}={getattr(c, field)}, which e8kv's attention does not do")
-
-
-def rope_spec(config) -> str:
-    """The spec fields that tell e8kv the model's RoPE (split-half, as transformers applies it)."""
-    c = _text_config(config)
-    p = dict(getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None) or {})
-    theta = p.get("rope_theta", getattr(c, "rope_theta", None))
-    kind = p.get("rope_type", p.get("type", "default")) or "default"
-    items = [f"rope_theta={float(theta):g}"] if theta else []
-    if kind == "default":
-        pass
-    elif kind in ("linear", "dynamic", "llama3", "yarn"):
-        items.append(f"rope_scaling={kind}")
-        names = {"factor": "rope_factor", "low_freq_factor": "rope_low_freq_factor",
-                 "high_freq_factor": "rope_high_freq_factor", "beta_fast": "rope_beta_fast",
-                 "beta_slow": "rope_beta_slow", "attention_factor": "rope_attention_factor",
-                 "original_max_position_embeddings": "rope_original_max_position"}
-        for key, name in names.items():
-            if p.get(key) is not None:
-                value = p[key]
-                items.append(f"{name}={int(value) if key.startswith('original') else float(value):g}"
-                             if key != "original_max_position_embeddings" else f"{name}={int(value)}")
-    else:
-        raise E8kvError(f"e8kv.hf: RoPE type '{kind}' has no e8kv equivalent; add 'rope=post' to the spec to code "
-                        f"keys as they are (post-RoPE)")
-    partial = p.get("partial_rotary_factor", getattr(c, "partial_rotary_factor", None))
-    if partial not in (None, 1, 1.0):
-        items.append(f"rope_dim={int(model_shape(config).head_dim * float(partial))}")
-    return ",".join(items)
-
-
-def make_spec(config, preset: Optional[str] = "high", spec: str = "") -> str:
-    """preset + the model's RoPE + any extra fields (the extra spec wins)."""
-    parts = []
-    if preset:
-        parts.append(f"preset={preset}")
-    if "rope=post" not in spec.replace(" ", ""):
-        parts.append(rope_spec(config))
-    if spec:
-        parts.append(spec)
-    return ",".join(p for p in parts if p)
 
 
 # ---- the cache -----------------------------------------------------------------------------------
@@ -230,14 +150,14 @@ class E8Cache(Cache):
     def __init__(self, model_or_config, preset: Optional[str] = "high", spec: str = "",
                  threads: Optional[int] = None, *, _spec: Optional[str] = None):
         config = getattr(model_or_config, "config", model_or_config)
-        _refuse_unsupported(config)
+        refuse_unsupported(config)
         self.model_shape = model_shape(config)
         self.sliding_window = sliding_window_of(config)
         self.spec = _spec if _spec is not None else make_spec(config, preset, spec)
         self._compressor: Optional[Compressor] = None
         self._scaling: Optional[float] = None
         self._pool = ThreadPool(int(threads or max(1, torch.get_num_threads())))
-        self._rows: List[_E8Cache] = []
+        self._rows: List[_core.Cache] = []
         self._next: List[int] = []          # per sequence: next position when position_ids are absent
         self._prefill: Dict[int, _Prefill] = {}
         layers = [E8Layer(self, i) for i in range(self.model_shape.n_layers)]
@@ -270,7 +190,7 @@ class E8Cache(Cache):
         return 8.0 * self.nbytes / elements if elements else 0.0
 
     @property
-    def rows(self) -> List[_E8Cache]:
+    def rows(self) -> List[_core.Cache]:
         """The per-sequence e8kv caches (e8kv.Cache), batch order."""
         return list(self._rows)
 
@@ -396,7 +316,7 @@ class E8Cache(Cache):
             if not 0 <= i < len(self._rows):
                 raise E8kvError(f"e8kv.hf: row {i} is outside the batch of {len(self._rows)}")
             if i in used:  # a second use of a sequence: its own copy (beam search, repeats)
-                rows.append(_E8Cache.from_bytes(self._rows[i].to_bytes(), self._compressor))
+                rows.append(_core.Cache.from_bytes(self._rows[i].to_bytes(), self._compressor))
             else:
                 rows.append(self._rows[i])
                 used.add(i)
@@ -452,7 +372,7 @@ class E8Cache(Cache):
         cache._scaling = header.get("scaling")
         offset, rows = 12 + n, []
         for s in sizes:
-            rows.append(_E8Cache.from_bytes(data[offset:offset + s], cache._compressor))
+            rows.append(_core.Cache.from_bytes(data[offset:offset + s], cache._compressor))
             offset += s
         cache._rows, cache._next = rows, list(header.get("next") or [])
         for layer in cache.layers:
@@ -538,7 +458,7 @@ def compress(model, preset: Optional[str] = "high", spec: str = "", threads: Opt
     model's attention is e8kv's. Through a forward pre-hook (torch's public API) and
     set_attn_implementation; nothing of transformers is replaced. Yields a CompressHandle."""
     register()
-    _refuse_unsupported(model.config)
+    refuse_unsupported(model.config)
     Compressor(model_shape(model.config), make_spec(model.config, preset, spec))  # refuse a bad spec now
     handle = CompressHandle(model, preset, spec, threads)
     previous = model.config._attn_implementation

@@ -28,7 +28,8 @@ from kvpress.utils import get_prerope_query_states
 from transformers.models.llama.modeling_llama import rotate_half
 
 from . import _core
-from .hf import model_shape, rope_spec
+# The model facts only: importing e8kv.hf would register its attention function with transformers.
+from .model_spec import model_shape, rope_spec
 
 _CROSS_LAYER = ("budget=", "shared=1", "evict_layers=1", "protect=", "layer_rates=", "per_head=1")
 

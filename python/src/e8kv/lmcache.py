@@ -42,6 +42,7 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 
 from ._core import Compressor, E8kvError
+from .model_spec import rope_theta_field
 
 SERDE_TYPE = "e8kv"
 FIXED_RATE_PRESETS = ("quant-k4v4", "quant-k3v3", "quant-k4v2", "quant-k3v2", "quant-k2v2")
@@ -98,7 +99,7 @@ class SerdeConfig:
         # Every token of the chunk coded: no fp16 recent window, sinks or residual (the chunk is a
         # stored block, not a cache that grows), so the size is the preset's rate for every token.
         spec = f"preset={self.preset},recent=0,residual=0,sinks={self.sinks}"
-        return spec if self.rope_theta is None else f"{spec},rope_theta={self.rope_theta:g}"
+        return spec if self.rope_theta is None else f"{spec},{rope_theta_field(self.rope_theta)}"
 
 
 def _kv_shape(shapes, dtypes, head_dim: int) -> Tuple[int, int, int, int]:
