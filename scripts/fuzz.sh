@@ -59,7 +59,7 @@ objects=()
 # Support code at -O0 with ASan and UBSan's arithmetic checks (shifts, integer overflow and
 # division, float-to-int casts, bool/enum loads, array bounds: what decoding hostile codes and
 # sizes could trip), without UBSan's per-access checks (alignment, null, object size, pointer
-# overflow, vptr, function): with those clang spends 48 s on src/compressed_kv.cpp (18 s with
+# overflow, vptr, function): with those clang spends 48 s on src/cache/compressed_kv.cpp (18 s with
 # ASan alone, 21 s with this set), a minute of CI per run. The container code under test keeps
 # every check, and the gcc sanitizer suite keeps every check on the whole library.
 SUPPORT_UBSAN="shift,integer-divide-by-zero,signed-integer-overflow,float-cast-overflow,bool,enum,bounds"

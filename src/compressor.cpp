@@ -14,7 +14,7 @@
 #include "detail/fp16_batch.hpp"
 #include "detail/finite.hpp"
 #include "detail/require.hpp"
-#include "layer_write.hpp"
+#include "cache/layer_write.hpp"
 #include "e8kv/cache/cache_codecs.hpp"
 #include "e8kv/container/container.hpp"
 #include "e8kv/error.hpp"

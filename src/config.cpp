@@ -1,5 +1,5 @@
 // Config: presets, parsing of spec strings, validation, description, and the Config -> CacheLayout
-// copy. Everything per field comes from the field table (src/detail/layout_fields.hpp).
+// copy. Everything per field comes from the field table (src/config_fields.hpp).
 #include "e8kv/config.hpp"
 
 #include <fmt/format.h>
@@ -8,7 +8,7 @@
 #include <sstream>
 #include <string>
 
-#include "detail/layout_fields.hpp"
+#include "config_fields.hpp"
 #include "e8kv/error.hpp"
 
 namespace e8kv {

@@ -82,7 +82,7 @@ void expect_config_eq(const Config& a, const Config& b, const std::string& where
   EXPECT_TRUE(same_bits(a.softmax_scale, b.softmax_scale)) << a.softmax_scale << " vs " << b.softmax_scale;
 }
 
-// When Config gains a field this fails: add it to the field table (src/detail/layout_fields.hpp)
+// When Config gains a field this fails: add it to the field table (src/config_fields.hpp)
 // so that parse and describe know it, then to expect_config_eq and this mirror.
 TEST(ConfigFields, ExpectConfigEqCoversEveryField) {
   struct Mirror {

@@ -1,5 +1,5 @@
 // The layout record (src/container/layout_record.hpp), generated from the field table: every
-// SHAPE and SHARED row of src/detail/layout_fields.hpp is one field of the record.
+// SHAPE and SHARED row of src/config_fields.hpp is one field of the record.
 #include "container/layout_record.hpp"
 
 #include <fmt/format.h>
@@ -9,7 +9,7 @@
 #include <string>
 
 #include "container/format.hpp"
-#include "detail/layout_fields.hpp"
+#include "config_fields.hpp"
 #include "e8kv/container/container.hpp"
 
 namespace e8kv::container {

@@ -1,6 +1,6 @@
 // The container's layout record (docs/format.md §2.2): a CacheLayout as 128 bytes plus two codec
 // ids per layer, written, read, validated and compared field by field from the field table
-// (src/detail/layout_fields.hpp). Internal; layout_difference is public (container.hpp).
+// (src/config_fields.hpp). Internal; layout_difference is public (container.hpp).
 #pragma once
 
 #include <cstdint>

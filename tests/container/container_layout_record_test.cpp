@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "detail/field_kinds.hpp"
+#include "config_field_kinds.hpp"
 #include "container/container_test_util.hpp"
 
 namespace {
@@ -22,7 +22,7 @@ using namespace e8kv;
 using namespace e8kv::container_test;
 
 // The container writes every field of these structs. When one of them gains a field, this test
-// fails: give CacheLayout's field a row in the field table (src/detail/layout_fields.hpp), a
+// fails: give CacheLayout's field a row in the field table (src/config_fields.hpp), a
 // LayerData / HeadData field its place in the layer table or the streams (src/container/), say so
 // in docs/format.md, bump the format version if a value needs it, add golden files, and then
 // extend the mirror. (A small field that fits in padding escapes this check; the

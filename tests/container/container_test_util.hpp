@@ -160,7 +160,7 @@ inline void expect_cache_eq(const CompressedKV& a, const CompressedKV& b) {
 }
 
 // CompressedKV::attend on a head without any stored token indexes an empty vector
-// (src/compressed_kv.cpp, softmax over zero logits; reported), so attention is compared only on
+// (src/cache/compressed_kv.cpp, softmax over zero logits; reported), so attention is compared only on
 // layers where every head has tokens.
 inline bool every_head_has_tokens(const CompressedKV& c, int l) {
   for (int h = 0; h < c.layout().n_kv_heads; ++h)

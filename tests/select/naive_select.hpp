@@ -1,5 +1,5 @@
 // Naive reference for select/ (scorers, pooling, GQA and head aggregation, eviction), written
-// from the header comments and the literature, not from src/select.cpp: double precision,
+// from the header comments and the literature, not from src/select/select.cpp: double precision,
 // plain loops, one formula per line, no shortcuts. Tests compare the library against it.
 #pragma once
 

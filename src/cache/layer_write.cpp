@@ -18,7 +18,7 @@
 //  - Channel scales: from the same tokens and the first chunk's observation queries.
 //  - 8-bit gain reference: the geometric mean of the float gains of the first flush_block coded
 //    tokens; gains are coded once, from float.
-#include "layer_write.hpp"
+#include "cache/layer_write.hpp"
 
 #include <algorithm>
 #include <cmath>

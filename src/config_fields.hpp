@@ -30,7 +30,7 @@
 // older versions refuse it.
 #pragma once
 
-#include "detail/field_kinds.hpp"
+#include "config_field_kinds.hpp"
 
 namespace e8kv::detail::fields {
 
