@@ -177,7 +177,7 @@ class CompressedKV {
 };
 
 namespace detail {
-/// Write access to a cache's storage, for its writers only: the compressor (src/layer_write.cpp)
+/// Write access to a cache's storage, for its writers only: the compressor (src/cache/layer_write.cpp)
 /// and the container reader. Everyone else sees the cache read-only.
 struct CacheStorage {
   static CompressedKV::LayerData& layer(CompressedKV& cache, int l) { return cache.mutable_layer(l); }

@@ -184,7 +184,7 @@ struct DequantizeParams {
   uint32_t* status = nullptr;  ///< device status word (DeviceStatusBits), or null
 };
 
-/// What a sequence's first flush estimates on the CPU (src/layer_write.cpp), from its first coded
+/// What a sequence's first flush estimates on the CPU (src/cache/layer_write.cpp), from its first coded
 /// tokens on the device: the centring means (the first mean_tokens tokens; keys with RoPE removed
 /// for the pre and residual frames, as the CPU's flush) and the 8-bit gain references (the
 /// geometric mean of the gains of the first ref_tokens tokens, coded with those means and the

@@ -49,7 +49,7 @@ inline uint8_t gain_to_code(float gain, float ref) {
 // The functions above are host-only (a static table, std:: math). These compute the same codes
 // and factors in E8KV_HD form: the factor of code c is 2^k · 2^(r/32) with c − 128 = 32k + r, built
 // from the 32 mantissas by an exponent add (exact: every factor is a normal float); the code and
-// the reference use the same double log2/exp2 formulas as gain_to_code and src/layer_write.cpp
+// the reference use the same double log2/exp2 formulas as gain_to_code and src/cache/layer_write.cpp
 // (CUDA's double log2/exp2 are within 1 ulp of the host libm's, so a GPU result can differ from
 // the CPU's only where the double lies within ~1e-15 of a rounding boundary; tested on the CPU
 // bit for bit, and on the device by the GPU tests' whole-pool comparisons).
@@ -83,7 +83,7 @@ E8KV_HD inline uint8_t gain_code_of(float gain, float ref) {
   return static_cast<uint8_t>(c < 1.0 ? 1.0 : (c > 255.0 ? 255.0 : c));
 }
 
-/// The 8-bit gains' reference of a (layer, head, kind), as src/layer_write.cpp sets it at the
+/// The 8-bit gains' reference of a (layer, head, kind), as src/cache/layer_write.cpp sets it at the
 /// first flush: fp16 bits of the geometric mean of the positive gains among gains[0..n) (1.0 when
 /// there is none), never 0 (an underflow becomes fp16(6.1e-5)). Logs summed in index order.
 E8KV_HD inline uint16_t gain_reference_bits(const float* gains, int n) {

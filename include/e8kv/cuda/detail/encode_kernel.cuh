@@ -195,7 +195,7 @@ inline constexpr int kStateThreads = 128;
 inline constexpr int kMaxRefTokens = 1024;
 
 /// One (KV head, sequence) of one kind: the mean of the first mean_tokens rows (double sums per
-/// element in token order, keys with RoPE removed unless post-RoPE: src/layer_write.cpp's loop),
+/// element in token order, keys with RoPE removed unless post-RoPE: src/cache/layer_write.cpp's loop),
 /// then the gains of the first ref_tokens rows coded with that fp16 mean and the key channel
 /// scales, and their reference (quant::gain_reference_bits). Fp16-coded kinds: zeros.
 template <int D, class Code>
