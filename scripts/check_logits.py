@@ -18,20 +18,9 @@ import subprocess
 import sys
 import tempfile
 
+from pinned_venv import reexec_in_pinned_venv
+
 CACHE = os.environ.get("E8KV_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "e8kv")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def ensure_venv():
-    """Re-executes this script with the Python of the project's pinned torch + transformers venv,
-    which scripts/python-venv.sh prints (creating it first when it is missing or stale)."""
-    made = subprocess.run(["bash", os.path.join(ROOT, "scripts", "python-venv.sh")], check=True,
-                          stdout=subprocess.PIPE, text=True)
-    venv = made.stdout.strip().splitlines()[-1]
-    if os.path.realpath(sys.prefix) == os.path.realpath(venv):
-        return
-    python = os.path.join(venv, "bin", "python")
-    os.execv(python, [python, *sys.argv])
 
 
 def engine_logits(binary, model, ids, vocab, decode):
@@ -75,7 +64,7 @@ def stats(ours, ref):
 
 
 def main():
-    ensure_venv()
+    reexec_in_pinned_venv()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", required=True, help="path of the e8kv-llama binary")
     ap.add_argument("--model", default=os.environ.get("E8KV_MODEL") or
