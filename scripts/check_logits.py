@@ -12,15 +12,12 @@ ${E8KV_CACHE:-~/.cache/e8kv}/peers/venv from bench/peers/requirements.lock, whic
 transformers, gguf, accelerate and numpy; ~6 GB, made on first use). Usage:
   scripts/check_logits.py --bin build/examples/llama/e8kv-llama [--tokens 512] [--text F ...]
 Exit status 0 when top-1 agreement is at least 99% on every text."""
-import argparse
 import os
 import subprocess
 import sys
 import tempfile
 
-from pinned_venv import reexec_in_pinned_venv
-
-CACHE = os.environ.get("E8KV_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "e8kv")
+from check_common import engine_arguments, reexec_in_pinned_venv
 
 
 def engine_logits(binary, model, ids, vocab, decode):
@@ -65,12 +62,7 @@ def stats(ours, ref):
 
 def main():
     reexec_in_pinned_venv()
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bin", required=True, help="path of the e8kv-llama binary")
-    ap.add_argument("--model", default=os.environ.get("E8KV_MODEL") or
-                    os.path.join(CACHE, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
-    ap.add_argument("--text", nargs="*", default=[os.path.join(CACHE, "text", "tech.txt"),
-                                                 os.path.join(CACHE, "text", "fiction.txt")])
+    ap = engine_arguments(__doc__)
     ap.add_argument("--tokens", type=int, default=512, help="tokens per text (from an offset into it)")
     ap.add_argument("--offset", type=int, default=20000, help="byte offset into each text")
     args = ap.parse_args()

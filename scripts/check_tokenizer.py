@@ -15,15 +15,12 @@ ${E8KV_CACHE:-~/.cache/e8kv}/peers/venv from bench/peers/requirements.lock, whic
 tokenizers and transformers; ~6 GB, made on first use). Usage:
   scripts/check_tokenizer.py --bin build/examples/llama/e8kv-llama [--model F] [--text F ...]
 Exit status 0 when every sample matches the hf-tokenizers reference exactly."""
-import argparse
 import os
 import subprocess
 import sys
 import tempfile
 
-from pinned_venv import reexec_in_pinned_venv
-
-CACHE = os.environ.get("E8KV_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "e8kv")
+from check_common import engine_arguments, reexec_in_pinned_venv
 
 
 EDGE_CASES = [
@@ -122,12 +119,7 @@ def compare(name, ours, ref, text, decode):
 
 def main():
     reexec_in_pinned_venv()
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bin", required=True, help="path of the e8kv-llama binary")
-    ap.add_argument("--model", default=os.environ.get("E8KV_MODEL") or
-                    os.path.join(CACHE, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
-    ap.add_argument("--text", nargs="*", default=[os.path.join(CACHE, "text", "tech.txt"),
-                                                 os.path.join(CACHE, "text", "fiction.txt")])
+    ap = engine_arguments(__doc__)
     args = ap.parse_args()
 
     ref = hf_tokenizers_reference(args.model)
