@@ -91,14 +91,6 @@ double relaxed_entropy(const std::vector<int16_t>& codes) {
 }  // namespace
 
 namespace {
-/// 0, 1, ..., n − 1: the rows' positions when a query sees every row (dense_attention's causal
-/// bound is then the last one).
-const int32_t* every_row(int64_t n) {
-  thread_local std::vector<int32_t> index;
-  while (static_cast<int64_t>(index.size()) < n) index.push_back(static_cast<int32_t>(index.size()));
-  return index.data();
-}
-
 /// The library's dense attention of one query token over n rows of `n_kv_heads` heads, `stride`
 /// floats apart (0: n_kv_heads·head_dim).
 void attend_rows(const float* k, const float* v, int64_t n, int64_t stride, int n_kv_heads, int n_q_heads, int head_dim,
@@ -107,8 +99,7 @@ void attend_rows(const float* k, const float* v, int64_t n, int64_t stride, int 
   rows.keys = k;
   rows.values = v;
   rows.dtype = DType::kF32;
-  rows.n = n;
-  rows.positions = every_row(n);
+  rows.n = n;  // positions null: row r at position r, so the query at n − 1 sees every row
   rows.row_stride = stride;
   const int32_t last = static_cast<int32_t>(std::max<int64_t>(n - 1, 0));
   dense_attention(rows, DenseShape{n_kv_heads, n_q_heads, head_dim, scale, 0}, q, &last, 1, out, lse);

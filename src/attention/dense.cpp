@@ -83,20 +83,24 @@ void run_block(const Job& j, int64_t block, int h, Scratch& s) {
     qmin = std::min(qmin, j.qpos[t]);
     qmax = std::max(qmax, j.qpos[t]);
   }
-  const int64_t hi = std::upper_bound(pos, pos + n_rows, qmax) - pos;
-  int64_t lo = 0;
-  if (j.window > 0) {
-    const int64_t first_visible = static_cast<int64_t>(qmin) - j.window + 1;
-    lo = std::lower_bound(pos, pos + n_rows, first_visible, [](int32_t p, int64_t v) { return p < v; }) - pos;
-  }
+  // Rows with position <= p: [0, rows_through(p)); with position >= p: [rows_from(p), n). Without
+  // positions, row r is at position r.
+  auto rows_through = [&](int64_t p) -> int64_t {
+    if (pos == nullptr) return std::clamp<int64_t>(p + 1, 0, n_rows);
+    return std::upper_bound(pos, pos + n_rows, p, [](int64_t v, int32_t q) { return v < q; }) - pos;
+  };
+  auto rows_from = [&](int64_t p) -> int64_t {
+    if (pos == nullptr) return std::clamp<int64_t>(p, 0, n_rows);
+    return std::lower_bound(pos, pos + n_rows, p, [](int32_t q, int64_t v) { return q < v; }) - pos;
+  };
+  const int64_t hi = rows_through(qmax);
+  const int64_t lo = j.window > 0 ? rows_from(static_cast<int64_t>(qmin) - j.window + 1) : 0;
   s.visible_lo.resize(static_cast<size_t>(nt));
   s.visible_hi.resize(static_cast<size_t>(nt));
   for (int64_t t = t0; t < t1; ++t) {
     const int64_t qp = j.qpos[t];
-    s.visible_hi[static_cast<size_t>(t - t0)] = std::upper_bound(pos, pos + n_rows, qp) - pos;
-    s.visible_lo[static_cast<size_t>(t - t0)] =
-        j.window > 0 ? std::lower_bound(pos, pos + n_rows, qp - j.window + 1, [](int32_t p, int64_t v) { return p < v; }) - pos
-                     : 0;
+    s.visible_hi[static_cast<size_t>(t - t0)] = rows_through(qp);
+    s.visible_lo[static_cast<size_t>(t - t0)] = j.window > 0 ? rows_from(qp - j.window + 1) : 0;
   }
   const size_t heads = static_cast<size_t>(nt) * G;
   s.m.assign(heads, kNegInf);
@@ -222,9 +226,8 @@ void dense_attention(const DenseRows& kv, const DenseShape& shape, const float* 
   const int64_t row_stride = kv.row_stride == 0 ? width : kv.row_stride;
   detail::require(row_stride >= width, "dense_attention: row_stride {} is below n_kv_heads·head_dim {}", row_stride, width);
   if (kv.n > 0) {
-    detail::require(kv.keys != nullptr && kv.values != nullptr && kv.positions != nullptr,
-                    "dense_attention: keys, values and positions must not be null");
-    for (int64_t r = 1; r < kv.n; ++r)
+    detail::require(kv.keys != nullptr && kv.values != nullptr, "dense_attention: keys and values must not be null");
+    for (int64_t r = 1; kv.positions != nullptr && r < kv.n; ++r)
       detail::require(kv.positions[r] > kv.positions[r - 1], "dense_attention: row positions must be strictly ascending "
                       "(row {}: {} after {})", r, kv.positions[r], kv.positions[r - 1]);
   }

@@ -154,6 +154,31 @@ TEST(DenseAttention, MatchesFloat64Reference) {
   }
 }
 
+// Rows without positions sit at 0, 1, 2, ...: the same bits as those positions given, with and
+// without a window (the engine's dense cache and e8kv-eval's tails pass none).
+TEST(DenseAttention, NoPositionsMeansRowIndices) {
+  for (int32_t window : {0, 5}) {
+    const Case c{2, 6, 64, 40, 12, DType::kF32, window, 0};
+    Data x = make(c, kSeed + 7);
+    for (int64_t r = 0; r < c.rows; ++r) x.pos[static_cast<size_t>(r)] = static_cast<int32_t>(r);
+    for (int64_t t = 0; t < c.tokens; ++t) x.qpos[static_cast<size_t>(t)] = static_cast<int32_t>(3 * t + 2);
+    std::vector<float> given, given_lse, none, none_lse;
+    run(c, x, nullptr, given, given_lse);
+    DenseRows kv;
+    kv.dtype = c.dtype;
+    kv.keys = x.k.data();
+    kv.values = x.v.data();
+    kv.n = c.rows;
+    kv.row_stride = x.stride;
+    none.assign(given.size(), -7.f);
+    none_lse.assign(given_lse.size(), -7.f);
+    dense_attention(kv, DenseShape{c.H, c.Q, c.d, 0.f, c.window}, x.q.data(), x.qpos.data(), c.tokens, none.data(),
+                    none_lse.data());
+    EXPECT_EQ(given, none) << "window " << window;
+    EXPECT_EQ(given_lse, none_lse) << "window " << window;
+  }
+}
+
 TEST(DenseAttention, RefusesBadArgumentsByName) {
   const Case c{2, 4, 64, 10, 2, DType::kF32, 0, 0};
   Data x = make(c, kSeed);

@@ -51,13 +51,11 @@ void DenseKvBackend::attend(int layer, const float* q, int64_t /*position*/, flo
   const int64_t n = size(layer);
   if (!(n > 0))
     throw Error("DenseKvBackend::attend: layer " + std::to_string(layer) + " holds no tokens (append first)");
-  while (static_cast<int64_t>(positions_.size()) < n) positions_.push_back(static_cast<int32_t>(positions_.size()));
-  DenseRows rows;
+  DenseRows rows;  // positions null: row r at position r
   rows.keys = k_[static_cast<size_t>(layer)].data();
   rows.values = v_[static_cast<size_t>(layer)].data();
   rows.dtype = DType::kF32;
   rows.n = n;
-  rows.positions = positions_.data();
   const int32_t last = static_cast<int32_t>(n - 1);  // the query sees every stored token
   dense_attention(rows, DenseShape{n_kv_heads_, n_q_heads_, head_dim_, 0.f, 0}, q, &last, 1, out);
 }

@@ -29,7 +29,7 @@ struct DenseRows {
   const void* values = nullptr;
   DType dtype = DType::kF16;           ///< kF16 (bits) or kF32
   int64_t n = 0;                       ///< rows
-  const int32_t* positions = nullptr;  ///< [n] strictly ascending
+  const int32_t* positions = nullptr;  ///< [n] strictly ascending; null: row r is at position r
   int64_t row_stride = 0;              ///< elements between rows; 0: n_kv_heads·head_dim
 };
 

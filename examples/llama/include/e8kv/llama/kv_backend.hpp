@@ -66,7 +66,6 @@ class DenseKvBackend : public KvBackend {
   // Per layer, [tokens][n_kv_heads][head_dim] as the model writes them; attention is the
   // library's e8kv::dense_attention over these rows.
   std::vector<std::vector<float>> k_, v_;
-  std::vector<int32_t> positions_;  // 0, 1, 2, ...: a token's index in its layer
 };
 
 }  // namespace e8kv::llama
