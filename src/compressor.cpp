@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <iterator>
+#include <limits>
 #include <memory>
 #include <map>
 #include <sstream>
@@ -624,89 +625,9 @@ void KVCompressor::extend_scored(CompressedKV& cache, const SequenceKV& chunk, c
   for (int l = 0; l < shape_.n_layers; ++l) writes[static_cast<size_t>(l)]->commit(cache);
 }
 
-namespace {
-/// v without its elements [from, to), in a vector of exact capacity.
-template <class T>
-std::vector<T> without(const std::vector<T>& v, size_t from, size_t to) {
-  std::vector<T> out;
-  out.reserve(v.size() - (to - from));
-  out.insert(out.end(), v.begin(), v.begin() + static_cast<std::ptrdiff_t>(from));
-  out.insert(out.end(), v.begin() + static_cast<std::ptrdiff_t>(to), v.end());
-  return out;
-}
-}  // namespace
-
 void KVCompressor::drop_before(CompressedKV& cache, int32_t position) const {
   check_cache(cache, "drop_before");
-  const size_t d = static_cast<size_t>(shape_.head_dim);
-  // Every layer is rebuilt aside (exact capacities), then swapped in: nothing changes on a throw.
-  std::vector<CompressedKV::LayerData> next(static_cast<size_t>(shape_.n_layers));
-  for (int l = 0; l < shape_.n_layers; ++l) {
-    const auto& ld = cache.layer(l);
-    auto& nd = next[static_cast<size_t>(l)];
-    nd.original_tokens = ld.original_tokens;
-    nd.query_energy = ld.query_energy;
-    // Per head, what the remaining codes were made with; the code, gain and window vectors below.
-    nd.heads.resize(ld.heads.size());
-    for (size_t h = 0; h < ld.heads.size(); ++h) {
-      const auto& hd = ld.heads[h];
-      auto& nh = nd.heads[h];
-      nh.key_mean = hd.key_mean;
-      nh.value_mean = hd.value_mean;
-      nh.key_channel_scale = hd.key_channel_scale;
-      nh.key_gain_ref = hd.key_gain_ref;
-      nh.value_gain_ref = hd.value_gain_ref;
-    }
-    nd.positions.resize(ld.positions.size());
-    nd.window_positions.resize(ld.positions.size());
-    nd.tier_positions.resize(ld.positions.size());
-    const size_t kcb = codecs_->code_bytes(l, KvKind::kKey), vcb = codecs_->code_bytes(l, KvKind::kValue);
-    const size_t tkcb = codecs_->tier_code_bytes(KvKind::kKey), tvcb = codecs_->tier_code_bytes(KvKind::kValue);
-    int64_t pinned_after = -1;
-    for (size_t s = 0; s < ld.positions.size(); ++s) {
-      const auto& cp = ld.positions[s];
-      const auto& w = ld.window_positions[s];
-      const size_t np = static_cast<size_t>(std::min<int64_t>(ld.pinned, static_cast<int64_t>(w.size())));
-      // Each run is ascending: the coded tokens, the pinned ones, the unpinned window.
-      const size_t drop_coded = static_cast<size_t>(std::lower_bound(cp.begin(), cp.end(), position) - cp.begin());
-      const size_t drop_pinned =
-          static_cast<size_t>(std::lower_bound(w.begin(), w.begin() + static_cast<std::ptrdiff_t>(np), position) - w.begin());
-      const size_t drop_window = static_cast<size_t>(
-          std::lower_bound(w.begin() + static_cast<std::ptrdiff_t>(np), w.end(), position) - w.begin()) - np;
-      const int64_t pinned = static_cast<int64_t>(np - drop_pinned);
-      if (pinned_after >= 0 && pinned != pinned_after)
-        detail::fail("drop_before: position {} leaves {} pinned tokens in one KV head's set of layer {} and {} in "
-                     "another; the cache has one pinned count per layer",
-                     position, pinned_after, l, pinned);
-      pinned_after = pinned;
-      nd.positions[s].assign(cp.begin() + static_cast<std::ptrdiff_t>(drop_coded), cp.end());
-      nd.window_positions[s] = without(without(w, np, np + drop_window), 0, drop_pinned);
-      const auto& tp = ld.tier_positions[s];
-      const size_t drop_tier = static_cast<size_t>(std::lower_bound(tp.begin(), tp.end(), position) - tp.begin());
-      nd.tier_positions[s].assign(tp.begin() + static_cast<std::ptrdiff_t>(drop_tier), tp.end());
-      const int h_begin = ld.positions.size() == 1 ? 0 : static_cast<int>(s);
-      const int h_end = ld.positions.size() == 1 ? shape_.n_kv_heads : static_cast<int>(s) + 1;
-      for (int h = h_begin; h < h_end; ++h) {
-        const auto& hd = ld.heads[static_cast<size_t>(h)];
-        auto& nh = nd.heads[static_cast<size_t>(h)];
-        nh.key_codes = without(hd.key_codes, 0, drop_coded * kcb);
-        nh.value_codes = without(hd.value_codes, 0, drop_coded * vcb);
-        auto drop_gains = [&](const auto& g) { return without(g, 0, g.empty() ? 0 : drop_coded); };
-        nh.key_gains = drop_gains(hd.key_gains);
-        nh.value_gains = drop_gains(hd.value_gains);
-        nh.key_gain_codes = drop_gains(hd.key_gain_codes);
-        nh.value_gain_codes = drop_gains(hd.value_gain_codes);
-        nh.tier_key_codes = without(hd.tier_key_codes, 0, drop_tier * tkcb);
-        nh.tier_value_codes = without(hd.tier_value_codes, 0, drop_tier * tvcb);
-        nh.tier_key_gains = without(hd.tier_key_gains, 0, drop_tier);
-        nh.tier_value_gains = without(hd.tier_value_gains, 0, drop_tier);
-        for (auto [src, dst] : {std::pair{&hd.window_keys, &nh.window_keys}, std::pair{&hd.window_values, &nh.window_values}})
-          *dst = without(without(*src, np * d, (np + drop_window) * d), 0, drop_pinned * d);
-      }
-    }
-    nd.pinned = std::max<int64_t>(pinned_after, 0);
-  }
-  for (int l = 0; l < shape_.n_layers; ++l) std::swap(detail::CacheStorage::layer(cache, l), next[static_cast<size_t>(l)]);
+  keep_positions(cache, position, std::numeric_limits<int64_t>::max());
 }
 
 void KVCompressor::append(CompressedKV& cache, int layer, const float* k, const float* v, int32_t position) const {

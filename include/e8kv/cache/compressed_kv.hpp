@@ -176,6 +176,17 @@ class CompressedKV {
   std::vector<LayerData> layers_;
 };
 
+/// Keeps the stored tokens whose positions lie in [begin, end) and removes every other one, from
+/// every layer (coded tokens, the fp16 window, pinned sinks and tier tokens alike): the one cut
+/// behind KVCompressor::drop_before (a sliding window, [position, ∞)) and the cut of a sequence to
+/// its first tokens ([0, n): an engine removing a sequence's tail, a fleet restoring a shorter
+/// prefix). The kept tokens keep their codes, and the means, key channel scales and gain
+/// references they were coded with; nothing is decoded or re-encoded. A cut of the tail lowers
+/// original_tokens by the positions from `end` to the last stored one (exact for a sequence given
+/// one position after another). Throws when per-KV-head position sets would keep different numbers
+/// of pinned tokens; a call that throws leaves the cache as it was.
+void keep_positions(CompressedKV& cache, int64_t begin, int64_t end);
+
 namespace detail {
 /// Write access to a cache's storage, for its writers only: the compressor (src/cache/layer_write.cpp)
 /// and the container reader. Everyone else sees the cache read-only.
