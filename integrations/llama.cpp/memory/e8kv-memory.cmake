@@ -16,7 +16,8 @@ set(_e8kv_memory_sources
     ${CMAKE_CURRENT_LIST_DIR}/e8kv_attention.cpp
     ${CMAKE_CURRENT_LIST_DIR}/e8kv_op_gang.cpp)
 target_sources(llama PRIVATE ${_e8kv_memory_sources})
-target_include_directories(llama PRIVATE ${CMAKE_CURRENT_LIST_DIR})
+# memory_state.hpp (the state's format, header constants only) from the adapter's include dir.
+target_include_directories(llama PRIVATE ${CMAKE_CURRENT_LIST_DIR} ${CMAKE_CURRENT_LIST_DIR}/../include)
 target_link_libraries(llama PRIVATE $<BUILD_INTERFACE:e8kv>)
 if (CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
     # e8kv's adapter code is built optimized even where libllama is not (the engine test's -O0)

@@ -15,6 +15,7 @@
 
 #include "e8kv/container/checksum.hpp"
 #include "e8kv/container/container.hpp"
+#include "e8kv/llama_cpp/memory_state.hpp"
 #include "ggml-backend.h"
 #include "llama-impl.h"
 #include "llama-e8kv-memory.h"
@@ -24,12 +25,11 @@
 namespace e8kv_llama {
 
 namespace {
-constexpr uint32_t kStateMagic = 0x4d4b3845;  // "E8KM": e8kv memory state
-// Version 1: one container per sequence (one layer group). Version 2: per sequence its id,
-// positions and group count with a CRC-32C of those, then per group a container (each with its
-// own checksums): nothing a state holds is taken on trust.
-constexpr uint32_t kStateVersion = 2;
-constexpr uint64_t kMaxStateBlob = uint64_t(1) << 36;
+// The state's format is memory_state.hpp's (one definition, shared with the fleet tool, which
+// moves and cuts these states without llama.cpp): read here from llama.cpp's stream piece by piece.
+using e8kv::llama_cpp::kMaxMemoryStateBlob;
+using e8kv::llama_cpp::kMemoryStateMagic;
+using e8kv::llama_cpp::kMemoryStateVersion;
 
 std::string seq_name(int id) { return "sequence " + std::to_string(id); }
 }  // namespace
@@ -317,8 +317,17 @@ bool Memory::seq_rm(llama_seq_id seq_id, llama_pos p0, llama_pos p1) {
       s.pos_max = p0 - 1;
       continue;
     }
-    // Codes of later tokens were chosen with the earlier ones (flushes, eviction, tiers): a
-    // compressed sequence is removed whole or not at all (llama.cpp then reprocesses the prompt).
+    // A coded tail: each group keeps its codes below p0 (a server reusing a cached prompt up to
+    // where a new one differs). The codes kept were chosen with the tokens removed in view
+    // (a chunk's means, tiers and evictions), so the cut cache is not the one a prompt of p0
+    // tokens would have made; it is the same codes, read the same way. A range inside the
+    // sequence is refused (positions after it would keep codes of tokens before a gap).
+    if (p1 > s.pos_max) {
+      std::string why;
+      if (cut_tail(s, groups_, p0, &why)) continue;
+      LLAMA_LOG_WARN("e8kv memory: %s: the tail from position %d cannot be removed (%s); remove the whole sequence\n",
+                     seq_name(static_cast<int>(id)).c_str(), p0, why.c_str());
+    }
     ok = false;
   }
   return ok;
@@ -433,7 +442,7 @@ void Memory::state_write(llama_io_write_i& io, llama_seq_id seq_id, llama_state_
                                (s.mode == Sequence::Mode::kFailed ? s.failure : "a decode is in progress"));
     ids.push_back(id);
   }
-  const uint32_t header[3] = {kStateMagic, kStateVersion, static_cast<uint32_t>(ids.size())};
+  const uint32_t header[3] = {kMemoryStateMagic, kMemoryStateVersion, static_cast<uint32_t>(ids.size())};
   io.write(header, sizeof(header));
   for (size_t id : ids) {
     const Sequence& s = seqs_[id];
@@ -466,12 +475,12 @@ void Memory::state_read(llama_io_read_i& io, llama_seq_id seq_id, llama_state_se
 void Memory::read_state(llama_io_read_i& io, llama_seq_id seq_id, llama_state_seq_flags /*flags*/) {
   uint32_t header[3] = {0, 0, 0};
   io.read(header, sizeof(header));
-  if (header[0] != kStateMagic)
+  if (header[0] != kMemoryStateMagic)
     throw std::runtime_error("e8kv memory: the state was not written by e8kv's memory (was it saved with another "
                              "cache type, without --kv-e8kv?)");
-  if (header[1] != 1 && header[1] != kStateVersion)
+  if (header[1] != 1 && header[1] != kMemoryStateVersion)
     throw std::runtime_error("e8kv memory: state version " + std::to_string(header[1]) + ", this build reads 1 and " +
-                             std::to_string(kStateVersion));
+                             std::to_string(kMemoryStateVersion));
   if (seq_id >= 0 ? header[2] > 1 : header[2] > seqs_.size())
     throw std::runtime_error("e8kv memory: the state holds " + std::to_string(header[2]) + " sequences, more than fit");
   // Everything is read and checked before any sequence changes: a bad state changes nothing.
@@ -496,7 +505,7 @@ void Memory::read_state(llama_io_read_i& io, llama_seq_id seq_id, llama_state_se
     for (size_t g = 0; g < groups_.size(); ++g) {
       uint64_t size = 0;
       io.read(&size, sizeof(size));
-      if (size > kMaxStateBlob || (size == 0 && header[1] < 2))
+      if (size > kMaxMemoryStateBlob || (size == 0 && header[1] < 2))
         throw std::runtime_error("e8kv memory: a sequence's blob size is corrupt");
       if (size == 0) continue;
       // Read in pieces: a declared length is a claim, and a short state ends the read (llama.cpp's

@@ -2,6 +2,7 @@
 #include "e8kv_sequence.hpp"
 
 #include <algorithm>
+#include <limits>
 
 #include "e8kv/cache/kv_view.hpp"
 #include "e8kv/error.hpp"
@@ -94,6 +95,36 @@ void commit_stage(Sequence& s, const std::vector<GroupCodec>& groups, const Mode
   }
   st.clear();
   drop_outside_windows(s, groups);
+}
+
+bool cut_tail(Sequence& s, const std::vector<GroupCodec>& groups, int32_t end, std::string* why) {
+  if (s.mode != Sequence::Mode::kCoded || !s.stage.empty()) {
+    *why = "a prompt is in progress";
+    return false;
+  }
+  // Every group's cut is made on a copy first: a refusal by any group changes none.
+  std::vector<std::unique_ptr<e8kv::CompressedKV>> cut(s.caches.size());
+  for (size_t g = 0; g < s.caches.size() && g < groups.size(); ++g) {
+    if (s.caches[g] == nullptr) continue;
+    const int32_t window = groups[g].layers.window;
+    const int32_t dropped = g < s.dropped_below.size() ? s.dropped_below[g] : 0;
+    if (window > 0 && dropped > end + 1 - window) {
+      *why = groups[g].layers.describe() + " dropped the positions below " + std::to_string(dropped) +
+             ", which a token at " + std::to_string(end) + " sees (window " + std::to_string(window) + ")";
+      return false;
+    }
+    cut[g] = std::make_unique<e8kv::CompressedKV>(*s.caches[g]);
+    try {
+      e8kv::keep_positions(*cut[g], std::numeric_limits<int64_t>::min(), end);
+    } catch (const std::exception& e) {
+      *why = e.what();
+      return false;
+    }
+  }
+  for (size_t g = 0; g < cut.size(); ++g)
+    if (cut[g]) s.caches[g] = std::move(cut[g]);
+  s.pos_max = end - 1;
+  return true;
 }
 
 void drop_outside_windows(Sequence& s, const std::vector<GroupCodec>& groups) {

@@ -62,6 +62,14 @@ struct Sequence {
 /// group's cache unchanged, earlier groups' extended: the caller fails the sequence).
 void commit_stage(Sequence& s, const std::vector<GroupCodec>& groups, const ModelLayers& model, e8kv::Executor* pool);
 
+/// Cuts a coded sequence to its positions below `end` (llama.cpp's seq_rm of a tail: a server
+/// reusing a cached prompt up to where the new one differs, a fleet's shorter prefix): each
+/// group's cache keeps its codes below `end` (e8kv::keep_positions; nothing re-encoded), and the
+/// next call appends from there. Refused, the sequence unchanged, with the reason in `why`: a
+/// sequence with a stage (a prompt in progress), a windowed group that already dropped positions
+/// the token at `end` would see, per-head sets that would keep different pinned counts.
+bool cut_tail(Sequence& s, const std::vector<GroupCodec>& groups, int32_t end, std::string* why);
+
 /// Drops from each windowed group the positions that left its window (a token at p sees no
 /// position below p − window + 1), once enough have left to be worth the copy.
 void drop_outside_windows(Sequence& s, const std::vector<GroupCodec>& groups);

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <sys/wait.h>
 #include <memory>
 #include <string>
 #include <vector>
@@ -182,26 +183,44 @@ TEST_F(MemoryTest, SequencesSideBySideEqualAlone) {
   EXPECT_LT(mean_kl(apart, together), 1e-4);
 }
 
-TEST_F(MemoryTest, SeqRmWholeOrRefused) {
-  ContextPtr e8 = context("preset=tier-k3v2"), f16 = context(nullptr);
-  ASSERT_TRUE(e8 && f16);
-  const std::vector<float> first = prompt_then_batch(e8.get());
-  ASSERT_FALSE(first.empty()) << g_log;
-  llama_memory_t mem = llama_get_memory(e8.get());
-  EXPECT_EQ(llama_memory_seq_pos_max(mem, 0), static_cast<llama_pos>(kPrompt + kDecoded - 1));
-  // A compressed sequence's tail cannot be cut (later codes depend on earlier tokens): refused,
-  // as llama.cpp's recurrent memories refuse it, and the sequence is untouched.
-  EXPECT_FALSE(llama_memory_seq_rm(mem, 0, 100, -1));
-  EXPECT_EQ(llama_memory_seq_pos_max(mem, 0), static_cast<llama_pos>(kPrompt + kDecoded - 1));
-  ASSERT_FALSE(prompt_then_batch(f16.get()).empty());
-  EXPECT_TRUE(llama_memory_seq_rm(llama_get_memory(f16.get()), 0, 100, -1));  // llama.cpp's own cache can
-  // Removing the whole sequence works and the same tokens give the same logits again.
-  EXPECT_TRUE(llama_memory_seq_rm(mem, 0, -1, -1));
-  EXPECT_EQ(llama_memory_seq_pos_max(mem, 0), -1);
-  const std::vector<float> again = prompt_then_batch(e8.get());
-  EXPECT_EQ(max_abs_diff(first, again), 0.f);
-  // Removing nothing (a range after the sequence) is fine.
-  EXPECT_TRUE(llama_memory_seq_rm(mem, 0, 10000, -1));
+// seq_rm of a coded sequence's tail (llama-server reusing a cached prompt up to where a new one
+// differs) keeps the codes below the cut and the next call appends from there: its tokens decode
+// within the preset's KL of llama.cpp's f16 cache given the same tokens. A range inside the
+// sequence is refused and changes nothing; removing the whole sequence works.
+TEST_F(MemoryTest, SeqRmCutsTailsAndRefusesHoles) {
+  constexpr llama_pos kCut = 100;
+  for (const char* spec : {"preset=tier-k3v2", "preset=quant-k3v2"}) {
+    SCOPED_TRACE(spec);
+    ContextPtr e8 = context(spec), f16 = context(nullptr);
+    ASSERT_TRUE(e8 && f16);
+    const std::vector<float> first = prompt_then_batch(e8.get());
+    ASSERT_FALSE(first.empty()) << g_log;
+    llama_memory_t mem = llama_get_memory(e8.get());
+    EXPECT_EQ(llama_memory_seq_pos_max(mem, 0), static_cast<llama_pos>(kPrompt + kDecoded - 1));
+    // A hole: refused, as llama.cpp's recurrent memories refuse it; the sequence is untouched.
+    EXPECT_FALSE(llama_memory_seq_rm(mem, 0, 10, 20));
+    EXPECT_EQ(llama_memory_seq_pos_max(mem, 0), static_cast<llama_pos>(kPrompt + kDecoded - 1));
+    // The tail from inside the prompt's codes: the sequence ends at kCut - 1, and other tokens follow.
+    ASSERT_TRUE(llama_memory_seq_rm(mem, 0, kCut, -1)) << g_log;
+    EXPECT_EQ(llama_memory_seq_pos_min(mem, 0), 0);
+    EXPECT_EQ(llama_memory_seq_pos_max(mem, 0), kCut - 1);
+    std::vector<llama_token> other(tokens_.begin(), tokens_.begin() + kCut);
+    other.insert(other.end(), tokens_.begin() + 180, tokens_.begin() + 244);  // text the sequence did not hold there
+    const std::vector<float> after = e8kv_llama_test::decode(e8.get(), other, kCut, other.size());
+    ASSERT_FALSE(after.empty()) << g_log;
+    ASSERT_FALSE(e8kv_llama_test::decode(f16.get(), other, 0, kCut).empty());
+    const std::vector<float> want = e8kv_llama_test::decode(f16.get(), other, kCut, other.size());
+    const double kl = mean_kl(want, after);
+    std::printf("%s: 64 tokens after a tail cut at %d: mean KL %.4f against the f16 cache\n", spec, kCut, kl);
+    EXPECT_LT(kl, 0.06);  // the perplexity protocol's bounds: 0.0195 (tier), 0.041 (quant)
+    // Removing the whole sequence works and the same tokens give the same logits again.
+    EXPECT_TRUE(llama_memory_seq_rm(mem, 0, -1, -1));
+    EXPECT_EQ(llama_memory_seq_pos_max(mem, 0), -1);
+    const std::vector<float> again = prompt_then_batch(e8.get());
+    EXPECT_EQ(max_abs_diff(first, again), 0.f);
+    // Removing nothing (a range after the sequence) is fine.
+    EXPECT_TRUE(llama_memory_seq_rm(mem, 0, 10000, -1));
+  }
 }
 
 TEST_F(MemoryTest, StateSaveRestoreHoldsContainers) {
@@ -479,6 +498,131 @@ TEST_F(MemoryTest, LongPromptStagesOneUbatchAtATime) {
   const double kl = mean_kl(base, got);
   std::printf("tier-k3v2, prompt in ubatches of %u: KL %.4f against the f16 cache over %zu tokens\n", ub, kl, later);
   EXPECT_LT(kl, 0.03);
+}
+
+// ---- a fleet of --kv-e8kv servers (tools/fleet.hpp; issue 48) --------------------------------
+// Run under tests/store/with_redis.sh (its own redis-server) with the tool built beside
+// (E8KV_LLAMA_STATE_TOOL); skipped without either.
+
+struct ToolRun {
+  int status = -1;
+  std::string out;
+};
+ToolRun run_tool(const std::string& command) {
+  ToolRun r;
+  FILE* p = popen((command + " 2>&1").c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[512];
+  while (std::fgets(buf, sizeof buf, p) != nullptr) r.out += buf;
+  const int rc = pclose(p);
+  r.status = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+  return r;
+}
+
+std::vector<uint8_t> file_bytes(const std::string& path) {
+  std::vector<uint8_t> b;
+  if (FILE* f = std::fopen(path.c_str(), "rb")) {
+    uint8_t buf[1 << 16];
+    for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) b.insert(b.end(), buf, buf + n);
+    std::fclose(f);
+  }
+  return b;
+}
+
+// Server A (--kv-e8kv) saves a 150-token prompt's slot; `push --kv-e8kv` stores its codes as they
+// are; server B pulls for prompts sharing it and loads the slot file:
+//  - a prompt that extends all 150 tokens gets the slot back byte for byte, and B's next 32 tokens
+//    are A's bit for bit (nothing was re-encoded);
+//  - a prompt that differs after 128 tokens (4 chunks of 32) gets the codes cut to 128 on the
+//    bytes, which decode bit for bit as A's own sequence cut by seq_rm (one cut, e8kv::keep_positions);
+//  - the other kind of fleet is kept apart: the f16 slot pushed with --kv-e8kv and the codes
+//    pushed with --config are refused by name, a --config pull misses, and codes pushed under
+//    another spec are refused.
+TEST_F(MemoryTest, CodesGoThroughRedisAsTheyAre) {
+  const char* store_env = std::getenv("E8KV_TEST_REDIS_UNIX");
+  const char* tool_env = std::getenv("E8KV_LLAMA_STATE_TOOL");
+  if (store_env == nullptr || *store_env == '\0') GTEST_SKIP() << "no redis-server: run under tests/store/with_redis.sh";
+  if (tool_env == nullptr || *tool_env == '\0') GTEST_SKIP() << "E8KV_LLAMA_STATE_TOOL is not set";
+  const std::string spec = "preset=quant-k3v2", dir = ::testing::TempDir();
+  const std::string tool = std::string("'") + tool_env + "'", saved = dir + "/e8kv_memory_slot.bin",
+                    pulled = dir + "/e8kv_memory_pulled.bin", f16_saved = dir + "/e8kv_f16_slot.bin";
+  const std::string common = " --model '" + e8kv::llama::default_model_path() + "' --store '" + store_env + "' --chunk 32 ";
+  constexpr size_t kHeld = 150, kNext = 32, kShared = 128;
+  ContextPtr a = context(spec.c_str()), f16 = context(nullptr);
+  ASSERT_TRUE(a && f16);
+  ASSERT_FALSE(decode(a.get(), 0, kHeld).empty()) << g_log;
+  ASSERT_GT(llama_state_seq_save_file(a.get(), saved.c_str(), 0, tokens_.data(), kHeld), 0u) << g_log;
+  ASSERT_FALSE(decode(f16.get(), 0, kHeld).empty());
+  ASSERT_GT(llama_state_seq_save_file(f16.get(), f16_saved.c_str(), 0, tokens_.data(), kHeld), 0u);
+
+  const ToolRun push = run_tool(tool + " push" + common + "--kv-e8kv " + spec + " '" + saved + "'");
+  ASSERT_EQ(push.status, 0) << push.out;
+  EXPECT_NE(push.out.find("128 of 150 tokens published"), std::string::npos) << push.out;
+
+  auto pull = [&](const std::vector<llama_token>& prompt, const std::string& flags) {
+    std::string list;
+    for (llama_token t : prompt) list += (list.empty() ? "" : ",") + std::to_string(t);
+    std::remove(pulled.c_str());
+    return run_tool(tool + " pull" + common + flags + " --tokens " + list + " '" + pulled + "'");
+  };
+  auto load = [&](llama_context* ctx, size_t want_tokens) {
+    std::vector<llama_token> got(kHeld + 8);
+    size_t n = 0;
+    const size_t read = llama_state_seq_load_file(ctx, pulled.c_str(), 0, got.data(), got.size(), &n);
+    EXPECT_GT(read, 0u) << g_log;
+    EXPECT_EQ(n, want_tokens);
+    EXPECT_TRUE(std::equal(got.begin(), got.begin() + static_cast<std::ptrdiff_t>(n), tokens_.begin()));
+  };
+
+  {  // the prompt extends every token held: the codes as they are
+    const std::vector<llama_token> prompt(tokens_.begin(), tokens_.begin() + kHeld + kNext);
+    const ToolRun r = pull(prompt, "--kv-e8kv " + spec);
+    ASSERT_EQ(r.status, 0) << r.out;
+    EXPECT_NE(r.out.find("restored 150 tokens"), std::string::npos) << r.out;
+    EXPECT_EQ(file_bytes(pulled), file_bytes(saved));
+    ContextPtr b = context(spec.c_str());
+    ASSERT_TRUE(b);
+    ASSERT_NO_FATAL_FAILURE(load(b.get(), kHeld));
+    const std::vector<float> got = decode(b.get(), kHeld, kHeld + kNext);
+    const std::vector<float> want = decode(a.get(), kHeld, kHeld + kNext);
+    ASSERT_FALSE(got.empty() || want.empty()) << g_log;
+    EXPECT_EQ(max_abs_diff(want, got), 0.f);
+    ASSERT_TRUE(llama_memory_seq_rm(llama_get_memory(a.get()), 0, kHeld, -1)) << g_log;  // A back to its 150
+  }
+  {  // the prompt differs after 4 chunks: the codes cut to 128 tokens on the bytes
+    std::vector<llama_token> prompt(tokens_.begin(), tokens_.begin() + kShared);
+    prompt.insert(prompt.end(), tokens_.begin() + 200, tokens_.begin() + 200 + kNext);
+    const ToolRun r = pull(prompt, "--kv-e8kv " + spec);
+    ASSERT_EQ(r.status, 0) << r.out;
+    EXPECT_NE(r.out.find("restored 128 tokens"), std::string::npos) << r.out;
+    ContextPtr b = context(spec.c_str());
+    ASSERT_TRUE(b);
+    ASSERT_NO_FATAL_FAILURE(load(b.get(), kShared));
+    const std::vector<float> got = e8kv_llama_test::decode(b.get(), prompt, kShared, prompt.size());
+    ASSERT_TRUE(llama_memory_seq_rm(llama_get_memory(a.get()), 0, kShared, -1)) << g_log;
+    const std::vector<float> want = e8kv_llama_test::decode(a.get(), prompt, kShared, prompt.size());
+    ASSERT_FALSE(got.empty() || want.empty()) << g_log;
+    EXPECT_EQ(max_abs_diff(want, got), 0.f);
+    ContextPtr ref = context(nullptr);
+    ASSERT_FALSE(e8kv_llama_test::decode(ref.get(), prompt, 0, kShared).empty());
+    const double kl = mean_kl(e8kv_llama_test::decode(ref.get(), prompt, kShared, prompt.size()), got);
+    std::printf("%s through redis, cut to %zu tokens: next %zu tokens' KL %.4f against the f16 cache\n", spec.c_str(),
+                kShared, kNext, kl);
+    EXPECT_LT(kl, 0.06);
+  }
+  {  // the two kinds of fleet kept apart, and another spec refused
+    const ToolRun f16_as_codes = run_tool(tool + " push" + common + "--kv-e8kv " + spec + " '" + f16_saved + "'");
+    EXPECT_EQ(f16_as_codes.status, 1) << f16_as_codes.out;
+    EXPECT_NE(f16_as_codes.out.find("llama.cpp's own cache cells"), std::string::npos) << f16_as_codes.out;
+    const ToolRun codes_as_f16 = run_tool(tool + " push" + common + "--config " + spec + " '" + saved + "'");
+    EXPECT_EQ(codes_as_f16.status, 1) << codes_as_f16.out;
+    EXPECT_NE(codes_as_f16.out.find("--kv-e8kv"), std::string::npos) << codes_as_f16.out;
+    const ToolRun other_spec = run_tool(tool + " push" + common + "--kv-e8kv preset=quant-k2v2 '" + saved + "'");
+    EXPECT_EQ(other_spec.status, 1) << other_spec.out;
+    EXPECT_NE(other_spec.out.find("another spec"), std::string::npos) << other_spec.out;
+    const std::vector<llama_token> prompt(tokens_.begin(), tokens_.begin() + kHeld + kNext);
+    EXPECT_EQ(pull(prompt, "--config " + spec).status, 3);  // the f16 fleet's keys: a miss
+  }
 }
 
 }  // namespace

@@ -4,7 +4,9 @@
 #include <cstring>
 #include <sstream>
 
+#include "e8kv/container/container.hpp"
 #include "e8kv/error.hpp"
+#include "e8kv/llama_cpp/memory_state.hpp"
 #include "e8kv/llama_cpp/seq_state.hpp"
 #include "e8kv/llama_cpp/state_codec.hpp"
 
@@ -26,7 +28,69 @@ std::vector<uint8_t> keep_rows(const std::vector<uint8_t>& b, size_t row, const 
   return out;
 }
 
+// A slot file of bare tokens: llama_state_seq_save_file's header, the tokens, the state's bytes.
+std::vector<uint8_t> slot_file_of(const int32_t* tokens, size_t n_tokens, const uint8_t* state, size_t state_size) {
+  std::vector<uint8_t> out(12);
+  const uint32_t head[3] = {kSeqFileMagic, kSeqFileVersion, static_cast<uint32_t>(n_tokens)};
+  std::memcpy(out.data(), head, 12);
+  const auto* t = reinterpret_cast<const uint8_t*>(tokens);
+  out.insert(out.end(), t, t + n_tokens * 4);
+  out.insert(out.end(), state, state + state_size);
+  return out;
+}
+
+// A memory slot's parts: its tokens, the frame before the state, the state parsed.
+struct MemorySlot {
+  SlotFile slot;
+  std::vector<uint8_t> frame;
+  MemoryState state;
+};
+
+// Parses a --kv-e8kv server's slot file and checks everything a server would check on restore:
+// one sequence at positions 0..n-1 for its n tokens, every container read (checksums, fields), and
+// each group's layout against this fleet's spec (a slot from a server with another spec is refused
+// here rather than stored under this spec's keys).
+MemorySlot read_memory_slot(const uint8_t* file, size_t size, const FleetModel& model) {
+  MemorySlot m;
+  m.slot = parse_slot_file(file, size);
+  const uint8_t* state = file + m.slot.state_offset;
+  const size_t state_size = size - m.slot.state_offset;
+  const size_t frame = seq_data_frame_bytes(state, state_size);
+  if (!is_memory_state(state + frame, state_size - frame))
+    throw Error("the slot holds llama.cpp's own cache cells (a server without --kv-e8kv): push and pull it with "
+                "--config SPEC, not --kv-e8kv");
+  m.frame.assign(state, state + frame);
+  m.state = parse_memory_state(state + frame, state_size - frame);
+  if (m.state.sequences.size() != 1)
+    throw Error("the slot's memory state holds " + std::to_string(m.state.sequences.size()) + " sequences, not one");
+  const MemorySequence& seq = m.state.sequences[0];
+  if (seq.pos_min != 0 || static_cast<size_t>(seq.pos_max) + 1 != m.slot.tokens.size())
+    throw Error("the slot's sequence spans positions " + std::to_string(seq.pos_min) + ".." + std::to_string(seq.pos_max) +
+                " for " + std::to_string(m.slot.tokens.size()) + " tokens (a shifted or edited context)");
+  check_memory_state(m.state);
+  if (seq.groups.size() != model.caches.size())
+    throw Error("the slot's codes hold " + std::to_string(seq.groups.size()) + " layer groups, this model " +
+                std::to_string(model.caches.size()) + " (another model?)");
+  for (size_t g = 0; g < seq.groups.size(); ++g) {
+    if (seq.groups[g].empty()) continue;
+    const CompressedKV cache = container::deserialize(seq.groups[g].data(), seq.groups[g].size());
+    const std::string diff = model.caches[g]->layout_difference(cache.layout());
+    if (!diff.empty())
+      throw Error("the slot's codes were made with another spec or model than this --kv-e8kv (layer group " +
+                  std::to_string(g) + ": " + diff + ")");
+  }
+  return m;
+}
+
 }  // namespace
+
+bool slot_holds_memory_codes(const uint8_t* file, size_t size) {
+  const SlotFile slot = parse_slot_file(file, size);
+  const uint8_t* state = file + slot.state_offset;
+  const size_t state_size = size - slot.state_offset;
+  const size_t frame = seq_data_frame_bytes(state, state_size);
+  return is_memory_state(state + frame, state_size - frame);
+}
 
 SlotFile parse_slot_file(const uint8_t* file, size_t size) {
   SlotFile s;
@@ -129,8 +193,84 @@ std::string layout_string(const std::vector<const KVCompressor*>& caches) {
   return s.str();
 }
 
+std::string memory_layout_string(const Config& spec) {
+  return "e8kv-llama-memory-v1;config=" + spec.describe();
+}
+
+namespace {
+
+// push of a --kv-e8kv server's slot: the codes stored as they are, as a slot file of bare tokens,
+// under the key of the longest whole-chunk prefix (with references below it when the codes can
+// be cut: one layer group).
+PushResult push_memory_slot(store::Store& s, const FleetModel& model, const uint8_t* file, size_t size,
+                            std::chrono::milliseconds ttl) {
+  PushResult r;
+  const MemorySlot m = read_memory_slot(file, size, model);
+  const size_t C = model.chunk_tokens;
+  r.file_tokens = m.slot.tokens.size();
+  const size_t whole = r.file_tokens / C * C;
+  if (whole == 0) {
+    r.note = "the slot holds " + std::to_string(r.file_tokens) + " tokens, less than one chunk of " + std::to_string(C);
+    return r;
+  }
+  const uint8_t* state = file + m.slot.state_offset;
+  const std::vector<uint8_t> value = slot_file_of(m.slot.tokens.data(), r.file_tokens, state, size - m.slot.state_offset);
+  const auto keys = store::prefix_keys(model.fingerprint, m.slot.tokens.data(), whole, C);
+  r.published_tokens = whole;
+  r.slot_bytes = size;
+  r.value_bytes = value.size();
+  r.stored = store::publish_prefix(s, keys, C, value, ttl, m.state.sequences[0].groups.size() == 1);
+  return r;
+}
+
+// pull for a --kv-e8kv server: the stored codes as they are when the prompt starts with every token
+// they hold, else cut to the prefix found (nothing decoded).
+PullResult pull_memory_slot(store::Store& s, const FleetModel& model, const std::vector<int32_t>& prompt,
+                            const store::MissLog& log) {
+  PullResult r;
+  const size_t C = model.chunk_tokens;
+  const auto keys = store::prefix_keys(model.fingerprint, prompt.data(), prompt.size(), C);
+  MemorySlot m;
+  const store::PayloadCheck check = [&](const uint8_t* p, size_t n) { m = read_memory_slot(p, n, model); };
+  store::PrefixHit hit = store::find_longest_prefix(s, keys, C, check, log);
+  r.round_trips = hit.round_trips;
+  if (hit.chunks == 0) return r;
+  const std::vector<int32_t>& held = m.slot.tokens;
+  if (held.size() < hit.n_tokens || std::memcmp(held.data(), prompt.data(), hit.n_tokens * 4) != 0) {
+    if (log) log(hit.data_key, "its token list differs from the prompt's first " + std::to_string(hit.n_tokens) +
+                                   " tokens (a hash collision or a foreign value)");
+    return r;
+  }
+  r.value_bytes = hit.payload.size();
+  if (prompt.size() >= held.size() && std::memcmp(held.data(), prompt.data(), held.size() * 4) == 0) {
+    r.n_tokens = held.size();  // every token the codes hold begins the prompt: as stored
+    r.slot_file = std::move(hit.payload);
+    return r;
+  }
+  MemoryState cut;
+  try {
+    cut = cut_memory_state(m.state, static_cast<int32_t>(hit.n_tokens));
+  } catch (const std::exception& e) {
+    if (log) log(hit.data_key, std::string("its codes cannot be cut to the prompt's first ") +
+                                   std::to_string(hit.n_tokens) + " tokens: " + e.what());
+    return r;
+  }
+  std::vector<uint8_t> state = m.frame;
+  const std::vector<uint8_t> body = write_memory_state(cut);
+  state.insert(state.end(), body.begin(), body.end());
+  r.n_tokens = hit.n_tokens;
+  r.slot_file = slot_file_of(held.data(), hit.n_tokens, state.data(), state.size());
+  return r;
+}
+
+}  // namespace
+
 PushResult push_slot(store::Store& s, const FleetModel& model, const uint8_t* file, size_t size,
                      std::chrono::milliseconds ttl) {
+  if (model.memory_codes) return push_memory_slot(s, model, file, size, ttl);
+  if (slot_holds_memory_codes(file, size))
+    throw Error("the slot holds e8kv memory codes (a server with --kv-e8kv): push and pull it with --kv-e8kv SPEC "
+                "(the server's spec), not --config");
   PushResult r;
   const SlotFile slot = parse_slot_file(file, size);
   const size_t C = model.chunk_tokens;
@@ -167,6 +307,7 @@ PushResult push_slot(store::Store& s, const FleetModel& model, const uint8_t* fi
 
 PullResult pull_slot(store::Store& s, const FleetModel& model, const std::vector<int32_t>& prompt,
                      const store::MissLog& log) {
+  if (model.memory_codes) return pull_memory_slot(s, model, prompt, log);
   PullResult r;
   const size_t C = model.chunk_tokens;
   const auto keys = store::prefix_keys(model.fingerprint, prompt.data(), prompt.size(), C);

@@ -10,6 +10,13 @@
 // compressed state's own checksums (a full restore), its token list against the prompt; one that
 // fails is logged and is a miss.
 //
+// Two kinds of slot files, kept apart: a server with llama.cpp's own cache (f16) saves cells,
+// which push compresses and pull decodes back to cells; a server with e8kv's memory (--kv-e8kv)
+// saves e8kv codes (memory_state.hpp), which push stores as they are and pull hands back as they
+// are (a shorter prefix is cut from the codes, nothing decoded or re-encoded). The kind and the
+// spec are part of the fingerprint, so the two kinds never see each other's entries; a slot of the
+// other kind given to push is refused, naming the flag it needs.
+//
 // Models with two KV caches (interleaved sliding-window attention: Gemma 3) cannot be cut to a
 // shorter prefix (the sliding-window cache's cells depend on the sequence's end): their slots are
 // published only under their full length, when it is a whole number of chunks, without references.
@@ -41,19 +48,28 @@ std::vector<uint8_t> truncate_slot_file(const uint8_t* file, size_t size, size_t
 
 /// What names the e8kv side of the fingerprint: each cache's shape and Config (describe()).
 std::string layout_string(const std::vector<const KVCompressor*>& caches);
+/// The same for slots of e8kv's memory: the kind and the spec's Config (describe()).
+std::string memory_layout_string(const Config& spec);
+
+/// True when the slot file's state is e8kv memory codes (a --kv-e8kv server's), false when it is
+/// llama.cpp's own cache cells. Throws e8kv::Error for a file that is not a slot file.
+bool slot_holds_memory_codes(const uint8_t* file, size_t size);
 
 struct FleetModel {
   std::vector<const KVCompressor*> caches;  ///< one per KV cache, llama.cpp's order
   store::Digest fingerprint{};              ///< model_fingerprint(GGUF tensors, layout_string(caches))
   size_t chunk_tokens = 256;
   Executor* executor = nullptr;             ///< compresses and restores the layers in parallel (null: inline)
+  /// The slots are e8kv memory codes (servers with --kv-e8kv and the spec `caches` were made
+  /// with; fingerprint from memory_layout_string), not llama.cpp cells.
+  bool memory_codes = false;
 };
 
 struct PushResult {
   size_t file_tokens = 0;       ///< tokens in the slot file
   size_t published_tokens = 0;  ///< the prefix published (whole chunks; 0: nothing)
   size_t slot_bytes = 0;        ///< the (cut) slot file's size
-  size_t value_bytes = 0;       ///< the compressed state stored (envelope excluded)
+  size_t value_bytes = 0;       ///< the value stored (envelope excluded): compressed cells, or the codes' slot file
   store::PublishResult stored;
   std::string note;             ///< why nothing or less was published, if so
 };

@@ -1,10 +1,14 @@
 // e8kv-llama-state push | pull: the command line of fleet.hpp.
 //
-//   e8kv-llama-state push --model M.gguf --store ADDR [--config SPEC] [--chunk N] [--ttl S] SLOT_FILE
+//   e8kv-llama-state push --model M.gguf --store ADDR [--config SPEC | --kv-e8kv SPEC] [--chunk N] [--ttl S] SLOT_FILE
 //   (both: [--threads N] compress / restore the layers on N threads, default: every core;
 //    [--timeout-ms MS] the store's connect and command timeouts, default 2000)
-//   e8kv-llama-state pull --model M.gguf --store ADDR [--config SPEC] [--chunk N]
+//   e8kv-llama-state pull --model M.gguf --store ADDR [--config SPEC | --kv-e8kv SPEC] [--chunk N]
 //                         (--tokens 1,2,3 | --tokens-file F) OUT_SLOT_FILE
+//
+// --config SPEC: servers with llama.cpp's own cache (f16): push compresses their slots with SPEC,
+// pull decodes back to cells. --kv-e8kv SPEC: servers started with --kv-e8kv SPEC: their slots
+// hold e8kv codes, stored and handed back as they are (fleet.hpp).
 //
 // ADDR: redis://[[user]:password@]host[:port][/db] or unix:///path/redis.sock[?db=N]; the password
 // can come from E8KV_STORE_PASSWORD (and E8KV_STORE_USER) instead. pull writes OUT only on a hit and prints
@@ -56,12 +60,15 @@ std::vector<int32_t> parse_tokens(const std::string& text) {
 
 int usage() {
   std::fprintf(stderr,
-               "usage: e8kv-llama-state push --model M.gguf --store ADDR [--config SPEC] [--chunk N] [--ttl SECONDS] SLOT_FILE\n"
-               "       e8kv-llama-state pull --model M.gguf --store ADDR [--config SPEC] [--chunk N]\n"
+               "usage: e8kv-llama-state push --model M.gguf --store ADDR [--config SPEC | --kv-e8kv SPEC] [--chunk N] [--ttl SECONDS]\n"
+               "                             SLOT_FILE\n"
+               "       e8kv-llama-state pull --model M.gguf --store ADDR [--config SPEC | --kv-e8kv SPEC] [--chunk N]\n"
                "                             (--tokens 1,2,3 | --tokens-file F) OUT_SLOT_FILE\n"
                "ADDR: redis://[[user]:password@]host[:port][/db] or unix:///path/to/redis.sock[?db=N]; a password\n"
                "can come from E8KV_STORE_PASSWORD (and E8KV_STORE_USER) instead. --chunk: tokens per key chunk (default 256;\n"
                "every server of the fleet must use the same --chunk and --config). pull exits 0 on a hit, 3 on a miss.\n"
+               "--config SPEC: servers with llama.cpp's own cache, their slots compressed with SPEC (default\n"
+               "preset=quant-k3v2); --kv-e8kv SPEC: servers started with --kv-e8kv SPEC, their codes moved as they are.\n"
                "--threads N: compress / restore on N threads (default: every core); --timeout-ms MS (default 2000).\n");
   return 2;
 }
@@ -70,7 +77,7 @@ int usage() {
 
 int run_cli(int argc, char** argv) {
   const std::string cmd = argv[1];
-  std::string model_path, address, spec = "preset=quant-k3v2", tokens_arg, tokens_file;
+  std::string model_path, address, spec = "preset=quant-k3v2", tokens_arg, tokens_file, memory_spec;
   size_t chunk = 256;
   long long ttl_s = 0, timeout_ms = 2000;
   long long threads = static_cast<long long>(std::max(1u, std::thread::hardware_concurrency()));
@@ -81,6 +88,7 @@ int run_cli(int argc, char** argv) {
     if (a == "--model" && has) model_path = argv[++i];
     else if (a == "--store" && has) address = argv[++i];
     else if (a == "--config" && has) spec = argv[++i];
+    else if (a == "--kv-e8kv" && has) memory_spec = argv[++i];
     else if (a == "--chunk" && has) chunk = std::stoul(argv[++i]);
     else if (a == "--ttl" && has) ttl_s = std::stoll(argv[++i]);
     else if (a == "--timeout-ms" && has) timeout_ms = std::stoll(argv[++i]);
@@ -92,6 +100,15 @@ int run_cli(int argc, char** argv) {
   }
   if (model_path.empty() || address.empty() || files.size() != 1) return usage();
   if (ttl_s < 0 || timeout_ms <= 0 || threads < 1 || threads > 1024) return usage();
+  const bool memory_codes = !memory_spec.empty();
+  if (memory_codes) {
+    for (int i = 2; i < argc; ++i)
+      if (std::string(argv[i]) == "--config") {
+        std::fprintf(stderr, "e8kv-llama-state: --config and --kv-e8kv are two kinds of fleet; give one\n");
+        return usage();
+      }
+    spec = memory_spec;
+  }
 
   auto t0 = Clock::now();
   ModelKv m;
@@ -101,13 +118,15 @@ int run_cli(int argc, char** argv) {
     m = read_model_kv(model_path, g);
     for (const auto& t : g.tensors()) tensors.push_back({t.name, t.dims, t.type});
   }
-  const std::vector<KVCompressor> compressors = model_compressors(spec, m);
+  const std::vector<KVCompressor> compressors = memory_codes ? memory_compressors(spec, m) : model_compressors(spec, m);
   FleetModel fm;
   fm.caches = pointers(compressors);
   fm.chunk_tokens = chunk;
   ThreadPool pool(static_cast<int>(threads));
   fm.executor = &pool;
-  fm.fingerprint = store::model_fingerprint(tensors, layout_string(fm.caches));
+  fm.memory_codes = memory_codes;
+  fm.fingerprint = store::model_fingerprint(
+      tensors, memory_codes ? memory_layout_string(Config::parse(spec)) : layout_string(fm.caches));
   const double model_ms = ms_since(t0);
   store::StoreOptions so;
   so.command_timeout = std::chrono::milliseconds(timeout_ms);

@@ -126,6 +126,19 @@ std::vector<KVCompressor> model_compressors(const std::string& spec, const Model
   return out;
 }
 
+std::vector<KVCompressor> memory_compressors(const std::string& spec, const ModelKv& model) {
+  std::vector<KVCompressor> out;
+  for (const ModelKvCache& c : model.caches) {
+    Config config = Config::parse(spec);
+    config.rope = c.rope;
+    config.rope.head_dim = c.shape.head_dim;
+    config.softmax_scale = 1.0f / std::sqrt(static_cast<float>(c.shape.head_dim));
+    config.validate(c.shape);
+    out.emplace_back(c.shape, config);
+  }
+  return out;
+}
+
 std::vector<const KVCompressor*> pointers(const std::vector<KVCompressor>& compressors) {
   std::vector<const KVCompressor*> p;
   for (const auto& c : compressors) p.push_back(&c);
