@@ -1,13 +1,16 @@
-# Sourced by scripts/llama-fleet.sh and bench/fleet_ttft.sh (after env.sh): a throwaway fleet on
-# this machine.
+# Sourced by scripts/llama-fleet.sh, bench/fleet_ttft.sh and bench/fleet_link.sh (after env.sh): a
+# throwaway fleet on this machine.
 #   fleet_init LLAMA_BIN_DIR [MODEL]  FLEET_SERVER (its llama-server), FLEET_MODEL (scripts/fetch-model.sh
 #                                    MODEL, default smollm2), FLEET_TOOL (e8kv-llama-state, built when
 #                                    absent; E8KV_LLAMA_STATE_TOOL overrides), and a work dir
 #                                    $FLEET_DIR: everything started below is stopped on exit
 #   fleet_start_redis                redis-server on $FLEET_DIR/redis.sock and a free loopback port,
 #                                    no persistence; sets FLEET_REDIS_UNIX and FLEET_REDIS_TCP
-#   fleet_start_server NAME PORT     llama-server ($FLEET_SERVER) on $FLEET_MODEL, one slot, flash
-#                                    attention, --slot-save-path $FLEET_DIR/NAME/
+#   fleet_start_server NAME PORT [ARGS...]
+#                                    llama-server ($FLEET_SERVER) on $FLEET_MODEL, one slot, flash
+#                                    attention, --slot-save-path $FLEET_DIR/NAME/, context
+#                                    ${FLEET_CTX:-8192} tokens; ARGS go to llama-server as they are
+#                                    (--kv-e8kv SPEC: e8kv's cache in the server's memory)
 #   fleet_wait PORT...               until each server answers /health (exits 1 with the logs if not)
 #   fleet_api PORT PATH JSON         POST JSON (or @file) to a server, prints the answer
 
@@ -22,7 +25,11 @@ fleet_init() {
   fi
   FLEET_DIR="$(mktemp -d)"
   FLEET_PIDS=()
-  trap fleet_cleanup EXIT
+  # Before an EXIT trap already set (scripts/netns-link.sh's link_down, say): both run.
+  local prev=()
+  eval "prev=($(trap -p EXIT))"
+  # shellcheck disable=SC2064  # expanded now on purpose: the commands, not the variables
+  trap "fleet_cleanup${prev[2]:+; ${prev[2]}}" EXIT
 }
 
 fleet_cleanup() {
@@ -48,8 +55,8 @@ fleet_start_redis() {
 fleet_start_server() {
   local name="$1" port="$2"
   mkdir -p "$FLEET_DIR/$name"
-  "$FLEET_SERVER" -m "$FLEET_MODEL" -c 8192 -np 1 -fa on -t "$E8KV_JOBS" --port "$port" \
-    --slot-save-path "$FLEET_DIR/$name/" > "$FLEET_DIR/server-$name.log" 2>&1 &
+  "$FLEET_SERVER" -m "$FLEET_MODEL" -c "${FLEET_CTX:-8192}" -np 1 -fa on -t "$E8KV_JOBS" --port "$port" \
+    --slot-save-path "$FLEET_DIR/$name/" "${@:3}" > "$FLEET_DIR/server-$name.log" 2>&1 &
   FLEET_PIDS+=($!)
 }
 
