@@ -385,6 +385,51 @@ TEST(Gguf, RandomCorruptionNeverCrashes) {
   std::printf("[corruption] %d rejected, %d still valid\n", rejected, accepted);
 }
 
+// open_header reads the header alone: the same metadata and tensor infos as open, the tensors'
+// extents checked against the file's size, no tensor data. A header past the first read (a large
+// vocabulary) is read in larger pieces; a file cut inside its data section is refused.
+TEST(Gguf, OpenHeaderReadsNoTensorData) {
+  GgufWriter w;
+  w.add_string("general.architecture", "test");
+  std::vector<std::string> vocab(400000);  // about 6 MB of metadata: past the first 4 MB read
+  for (size_t i = 0; i < vocab.size(); ++i) vocab[i] = "token" + std::to_string(i);
+  w.add_string_array("test.vocab", vocab);
+  std::vector<float> v(64 * 80000, 0.5f);  // 20 MB of data: more than the second read (16 MB) takes
+  w.add_tensor("big", {64, 80000}, GgmlType::kF32, v);
+  const std::vector<uint8_t> image = w.bytes();
+  const std::string path = ::testing::TempDir() + "/e8kv_open_header.gguf";
+  auto write = [&](size_t n) {
+    FILE* f = std::fopen(path.c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    ASSERT_EQ(std::fwrite(image.data(), 1, n, f), n);
+    std::fclose(f);
+  };
+  ASSERT_NO_FATAL_FAILURE(write(image.size()));
+  const GgufFile whole = GgufFile::open(path), header = GgufFile::open_header(path);
+  EXPECT_TRUE(whole.has_tensor_data());
+  EXPECT_FALSE(header.has_tensor_data());
+  EXPECT_EQ(header.file_size(), image.size());
+  EXPECT_EQ(header.data_offset(), whole.data_offset());
+  EXPECT_EQ(header.get_string_array("test.vocab"), vocab);
+  ASSERT_EQ(header.tensors().size(), 1u);
+  EXPECT_EQ(header.tensors()[0].dims, whole.tensors()[0].dims);
+  EXPECT_EQ(header.tensors()[0].offset, whole.tensors()[0].offset);
+  try {
+    header.dequantize(header.tensors()[0]);
+    FAIL() << "tensor data read from a header-only file";
+  } catch (const e8kv::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("header only"), std::string::npos) << e.what();
+  }
+  ASSERT_NO_FATAL_FAILURE(write(image.size() - 100));  // cut inside the tensor's data
+  try {
+    GgufFile::open_header(path);
+    FAIL() << "a truncated file was accepted";
+  } catch (const e8kv::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("extends past the end"), std::string::npos) << e.what();
+  }
+  std::remove(path.c_str());
+}
+
 TEST(Gguf, OpenReportsMissingFile) {
   try {
     GgufFile::open("/nonexistent/dir/model.gguf");

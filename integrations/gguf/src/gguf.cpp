@@ -382,10 +382,45 @@ GgufFile GgufFile::open(const std::string& path) {
   return parse(std::move(bytes), path);
 }
 
+GgufFile GgufFile::open_header(const std::string& path) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  require(static_cast<bool>(in), "cannot open GGUF file '" + path + "'");
+  const std::streamoff size = in.tellg();
+  require(size >= 0, "cannot determine the size of GGUF file '" + path + "'");
+  const uint64_t file_size = static_cast<uint64_t>(size);
+  // The header's size is known only once it is parsed: read a prefix, and four times more while
+  // the parse runs past it (a vocabulary of 150K tokens is a few MB of metadata).
+  for (uint64_t want = uint64_t{4} << 20;; want *= 4) {
+    const uint64_t n = std::min(want, file_size);
+    std::vector<uint8_t> bytes(static_cast<size_t>(n));
+    in.clear();
+    in.seekg(0);
+    if (n > 0) in.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(n));
+    require(static_cast<bool>(in), "cannot read GGUF file '" + path + "'");
+    try {
+      return parse_image(std::move(bytes), path, file_size);
+    } catch (const Error&) {
+      if (n == file_size) throw;  // the whole file: the error is the file's
+    }
+  }
+}
+
+const uint8_t* GgufFile::tensor_data(const GgufTensorInfo& t) const {
+  require(has_tensor_data(), "GGUF file '" + name_ + "' was opened for its header only: tensor '" + t.name +
+                                 "' has no data here (GgufFile::open reads it)");
+  return bytes_.data() + data_offset_ + t.offset;
+}
+
 GgufFile GgufFile::parse(std::vector<uint8_t> bytes, const std::string& name) {
+  const uint64_t size = bytes.size();
+  return parse_image(std::move(bytes), name, size);
+}
+
+GgufFile GgufFile::parse_image(std::vector<uint8_t> bytes, const std::string& name, uint64_t file_size) {
   GgufFile f;
   f.name_ = name;
   f.bytes_ = std::move(bytes);
+  f.file_size_ = file_size;
   Cursor c(f.bytes_, f.name_);
 
   c.need(4, "magic");
@@ -461,11 +496,11 @@ GgufFile GgufFile::parse(std::vector<uint8_t> bytes, const std::string& name) {
   // The data section starts at the next multiple of the alignment.
   const uint64_t header_end = c.pos();
   const uint64_t data_offset = (header_end + f.alignment_ - 1) / f.alignment_ * f.alignment_;
-  if (!f.tensors_.empty() && data_offset > f.bytes_.size())
+  if (!f.tensors_.empty() && data_offset > f.file_size_)
     throw Error("GGUF file '" + name + "': truncated: the data section would start at byte " +
-                std::to_string(data_offset) + " but the file has " + std::to_string(f.bytes_.size()) + " bytes");
-  f.data_offset_ = std::min<uint64_t>(data_offset, f.bytes_.size());
-  const uint64_t data_size = f.bytes_.size() - f.data_offset_;
+                std::to_string(data_offset) + " but the file has " + std::to_string(f.file_size_) + " bytes");
+  f.data_offset_ = std::min<uint64_t>(data_offset, f.file_size_);
+  const uint64_t data_size = f.file_size_ - f.data_offset_;
 
   std::vector<const GgufTensorInfo*> by_offset;
   for (const auto& t : f.tensors_) {

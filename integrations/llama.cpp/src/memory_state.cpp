@@ -83,7 +83,7 @@ std::vector<uint8_t> write_memory_state(const MemoryState& state) {
   return out;
 }
 
-void check_memory_state(const MemoryState& state) {
+void check_memory_state(const MemoryState& state, const std::function<void(size_t, const CompressedKV&)>& also) {
   for (const MemorySequence& s : state.sequences) {
     const std::string who = "sequence " + std::to_string(s.id);
     bool any = false;
@@ -103,6 +103,7 @@ void check_memory_state(const MemoryState& state) {
                       std::to_string(s.pos_max) + ", its layer group " + std::to_string(g) + " stores " +
                       std::to_string(stored.front()) + ".." + std::to_string(stored.back()));
       }
+      if (also) also(g, cache);
     }
     if (!any) throw Error("e8kv memory state: " + who + " holds no codes");
   }

@@ -67,18 +67,15 @@ MemorySlot read_memory_slot(const uint8_t* file, size_t size, const FleetModel& 
   if (seq.pos_min != 0 || static_cast<size_t>(seq.pos_max) + 1 != m.slot.tokens.size())
     throw Error("the slot's sequence spans positions " + std::to_string(seq.pos_min) + ".." + std::to_string(seq.pos_max) +
                 " for " + std::to_string(m.slot.tokens.size()) + " tokens (a shifted or edited context)");
-  check_memory_state(m.state);
   if (seq.groups.size() != model.caches.size())
     throw Error("the slot's codes hold " + std::to_string(seq.groups.size()) + " layer groups, this model " +
                 std::to_string(model.caches.size()) + " (another model?)");
-  for (size_t g = 0; g < seq.groups.size(); ++g) {
-    if (seq.groups[g].empty()) continue;
-    const CompressedKV cache = container::deserialize(seq.groups[g].data(), seq.groups[g].size());
+  check_memory_state(m.state, [&](size_t g, const CompressedKV& cache) {
     const std::string diff = model.caches[g]->layout_difference(cache.layout());
     if (!diff.empty())
       throw Error("the slot's codes were made with another spec or model than this --kv-e8kv (layer group " +
                   std::to_string(g) + ": " + diff + ")");
-  }
+  });
   return m;
 }
 

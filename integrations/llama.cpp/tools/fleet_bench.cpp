@@ -97,8 +97,8 @@ struct Model {
 };
 Model load_model(const std::string& path) {
   Model m;
-  m.kv = read_model_kv(path);
-  const llama::GgufFile g = llama::GgufFile::open(path);
+  const llama::GgufFile g = llama::GgufFile::open_header(path);
+  m.kv = read_model_kv(path, g);
   for (const auto& t : g.tensors()) m.tensors.push_back({t.name, t.dims, t.type});
   return m;
 }

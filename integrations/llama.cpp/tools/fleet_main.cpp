@@ -114,7 +114,7 @@ int run_cli(int argc, char** argv) {
   ModelKv m;
   std::vector<store::TensorRecord> tensors;
   {  // the GGUF read once, for the caches' shapes and the fingerprint, and let go before the work
-    const llama::GgufFile g = llama::GgufFile::open(model_path);
+    const llama::GgufFile g = llama::GgufFile::open_header(model_path);
     m = read_model_kv(model_path, g);
     for (const auto& t : g.tensors()) tensors.push_back({t.name, t.dims, t.type});
   }

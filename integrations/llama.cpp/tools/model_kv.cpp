@@ -102,7 +102,7 @@ ModelKv read_gemma3(const std::string& path, const llama::GgufFile& f) {
 
 }  // namespace
 
-ModelKv read_model_kv(const std::string& gguf_path) { return read_model_kv(gguf_path, llama::GgufFile::open(gguf_path)); }
+ModelKv read_model_kv(const std::string& gguf_path) { return read_model_kv(gguf_path, llama::GgufFile::open_header(gguf_path)); }
 
 ModelKv read_model_kv(const std::string& gguf_path, const llama::GgufFile& f) {
   const std::string arch = f.get_string("general.architecture");

@@ -116,14 +116,20 @@ class GgufFile {
  public:
   /// Reads and validates the whole file. Throws e8kv::Error (naming the file and the problem).
   static GgufFile open(const std::string& path);
+  /// Reads and validates the header alone (metadata and tensor infos; each tensor's extent checked
+  /// against the file's size), not the tensor data: what a tool that needs the model's shape and
+  /// fingerprint reads of a multi-gigabyte GGUF. tensor_data() and dequantize() then throw.
+  static GgufFile open_header(const std::string& path);
   /// Validates an in-memory image; `name` is used in error messages.
   static GgufFile parse(std::vector<uint8_t> bytes, const std::string& name = "<memory>");
+  /// False for a file opened with open_header.
+  bool has_tensor_data() const { return bytes_.size() == file_size_; }
 
   uint32_t version() const { return version_; }
   uint64_t alignment() const { return alignment_; }
   uint64_t data_offset() const { return data_offset_; }
   const std::string& name() const { return name_; }
-  size_t file_size() const { return bytes_.size(); }
+  size_t file_size() const { return static_cast<size_t>(file_size_); }
 
   const std::map<std::string, GgufValue>& metadata() const { return metadata_; }
   bool has(const std::string& key) const { return metadata_.count(key) != 0; }
@@ -146,7 +152,8 @@ class GgufFile {
   /// nullptr when absent.
   const GgufTensorInfo* find_tensor(std::string_view name) const;
   /// Raw bytes of a tensor (inside the validated file image).
-  const uint8_t* tensor_data(const GgufTensorInfo& t) const { return bytes_.data() + data_offset_ + t.offset; }
+  /// Throws e8kv::Error for a file opened with open_header.
+  const uint8_t* tensor_data(const GgufTensorInfo& t) const;
   /// All elements as fp32 (dims[0] fastest). Throws for types that are not dequantizable.
   std::vector<float> dequantize(const GgufTensorInfo& t) const;
   /// Dequantizes rows [row_begin, row_begin + n_rows) into dst (n_rows * dims[0] floats).
@@ -158,9 +165,12 @@ class GgufFile {
   uint32_t version_ = 0;
   uint64_t alignment_ = 32;
   uint64_t data_offset_ = 0;
+  uint64_t file_size_ = 0;  ///< the whole file's (bytes_ holds only the header after open_header)
   std::map<std::string, GgufValue> metadata_;
   std::vector<GgufTensorInfo> tensors_;
   std::map<std::string, size_t, std::less<>> tensor_index_;
+
+  static GgufFile parse_image(std::vector<uint8_t> bytes, const std::string& name, uint64_t file_size);
 };
 
 /// Builds GGUF v3 images (used by the tests to write tiny models, and by tools).

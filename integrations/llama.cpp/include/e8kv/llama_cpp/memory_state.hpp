@@ -14,7 +14,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
+
+#include "e8kv/cache/compressed_kv.hpp"
 
 namespace e8kv::llama_cpp {
 
@@ -45,9 +48,11 @@ MemoryState parse_memory_state(const uint8_t* data, size_t size);
 std::vector<uint8_t> write_memory_state(const MemoryState& state);
 
 /// Reads every container of the state (each one's checksums, its layout, every field a later call
-/// would check) and checks that each sequence's positions hold its containers' positions. Throws
-/// e8kv::Error naming the sequence and group.
-void check_memory_state(const MemoryState& state);
+/// would check) and checks that each sequence's positions hold its containers' positions; `also`
+/// (optional) is given each container read, once, for checks of its own (the fleet tool's layout
+/// check). Throws e8kv::Error naming the sequence and group.
+void check_memory_state(const MemoryState& state,
+                        const std::function<void(size_t group, const CompressedKV& cache)>& also = {});
 
 /// The state of one sequence cut to its positions below `end` (llama.cpp's seq_rm of the tail,
 /// done on the bytes): each group's container read, cut with e8kv::keep_positions (codes untouched)
