@@ -23,25 +23,28 @@ namespace attention {
 
 // ---- merge and finish ---------------------------------------------------------------------------
 
-void finish_request(ResolvedRequest& r) {
+void fold_wave(ResolvedRequest& r) {
   const LayerPlan& p = r.plan;
   const int H = p.H, G = p.G, d = p.d;
-  const auto& codecs = p.cache->codecs();
-  const auto& ld = p.cache->layer(p.layer);
-  std::vector<float> acc_rot(static_cast<size_t>(d)), acc_eng(static_cast<size_t>(d)), rotated_back(static_cast<size_t>(d)),
-      value_mean(static_cast<size_t>(d));
-  for (int h = 0; h < H; ++h) {
-    const auto& hd = ld.heads[static_cast<size_t>(h)];
-    const bool value_mean_used = !hd.value_mean.empty();
-    if (value_mean_used) fp16_bits_to_floats(hd.value_mean.data(), value_mean.data(), value_mean.size());
-    for (int token = 0; token < r.n_tokens; ++token)
+  const size_t n = static_cast<size_t>(r.n_tokens) * H * G;
+  if (r.fold_max.size() != n) {
+    r.fold_max.assign(n, kNegInf);
+    r.fold_sum.assign(n, 0.0);
+    r.fold_mass.assign(n, 0.0);
+    r.fold_any_rot.assign(n, 0);
+    r.fold_rot.assign(n * static_cast<size_t>(d), 0.f);
+    r.fold_eng.assign(n * static_cast<size_t>(d), 0.f);
+  }
+  for (int token = 0; token < r.n_tokens; ++token)
+    for (int h = 0; h < H; ++h)
       for (int g = 0; g < G; ++g) {
-        float M = kNegInf;
-        double L = 0.0, mass = 0.0;
-        std::fill(acc_rot.begin(), acc_rot.end(), 0.f);
-        std::fill(acc_eng.begin(), acc_eng.end(), 0.f);
-        bool any_rot = false;
-        for (int64_t c = 0; c < r.chunks(); ++c) {
+        const size_t f = (static_cast<size_t>(token) * H + h) * G + g;
+        float M = r.fold_max[f];
+        double L = r.fold_sum[f], mass = r.fold_mass[f];
+        bool any_rot = r.fold_any_rot[f] != 0;
+        float* acc_rot = r.fold_rot.data() + f * d;
+        float* acc_eng = r.fold_eng.data() + f * d;
+        for (int64_t c = r.wave_begin; c < r.wave_end; ++c) {
           const float* st = r.state(c, token, h, g);
           if (!(st[1] > 0.f)) continue;
           const Segment seg = segment_of(p, c);
@@ -51,14 +54,39 @@ void finish_request(ResolvedRequest& r) {
           L = L * a + static_cast<double>(st[1]) * b;
           mass = mass * a + static_cast<double>(st[2]) * b;
           for (int i = 0; i < d; ++i) {
-            acc_rot[static_cast<size_t>(i)] *= a;
-            acc_eng[static_cast<size_t>(i)] *= a;
+            acc_rot[i] *= a;
+            acc_eng[i] *= a;
           }
-          float* dst = rotated ? acc_rot.data() : acc_eng.data();
+          float* dst = rotated ? acc_rot : acc_eng;
           any_rot = any_rot || rotated;
           for (int i = 0; i < d; ++i) dst[i] += b * st[3 + i];
           M = M2;
         }
+        r.fold_max[f] = M;
+        r.fold_sum[f] = L;
+        r.fold_mass[f] = mass;
+        r.fold_any_rot[f] = any_rot ? 1 : 0;
+      }
+}
+
+void finish_request(ResolvedRequest& r) {
+  const LayerPlan& p = r.plan;
+  const int H = p.H, G = p.G, d = p.d;
+  if (r.fold_max.empty()) fold_wave(r);  // no chunk ran: an empty fold
+  const auto& codecs = p.cache->codecs();
+  const auto& ld = p.cache->layer(p.layer);
+  std::vector<float> rotated_back(static_cast<size_t>(d)), value_mean(static_cast<size_t>(d));
+  for (int h = 0; h < H; ++h) {
+    const auto& hd = ld.heads[static_cast<size_t>(h)];
+    const bool value_mean_used = !hd.value_mean.empty();
+    if (value_mean_used) fp16_bits_to_floats(hd.value_mean.data(), value_mean.data(), value_mean.size());
+    for (int token = 0; token < r.n_tokens; ++token)
+      for (int g = 0; g < G; ++g) {
+        const size_t f = (static_cast<size_t>(token) * H + h) * G + g;
+        const float M = r.fold_max[f];
+        const double L = r.fold_sum[f], mass = r.fold_mass[f];
+        const float* acc_rot = r.fold_rot.data() + f * d;
+        const float* acc_eng = r.fold_eng.data() + f * d;
         float* o = r.out + (static_cast<size_t>(token) * p.L->n_q_heads + static_cast<size_t>(h) * G + g) * d;
         float* lse = r.lse ? r.lse + static_cast<size_t>(token) * p.L->n_q_heads + static_cast<size_t>(h) * G + g : nullptr;
         if (!(L > 0.0)) {
@@ -66,15 +94,15 @@ void finish_request(ResolvedRequest& r) {
           if (lse) *lse = kNegInf;
           continue;
         }
-        if (any_rot)
-          codecs.rotation(p.layer, h, 1).inverse(acc_rot.data(), rotated_back.data());
+        if (r.fold_any_rot[f])
+          codecs.rotation(p.layer, h, 1).inverse(acc_rot, rotated_back.data());
         else
           std::fill(rotated_back.begin(), rotated_back.end(), 0.f);
         const float inv_l = static_cast<float>(1.0 / L);
         const float m = value_mean_used ? static_cast<float>(mass) : 0.f;
         for (int i = 0; i < d; ++i) {
           const float mean_part = value_mean_used ? m * value_mean[static_cast<size_t>(i)] : 0.f;
-          o[i] = (rotated_back[static_cast<size_t>(i)] + acc_eng[static_cast<size_t>(i)] + mean_part) * inv_l;
+          o[i] = (rotated_back[static_cast<size_t>(i)] + acc_eng[i] + mean_part) * inv_l;
         }
         if (lse) *lse = M + static_cast<float>(std::log(L));
       }
@@ -140,18 +168,14 @@ void resolve_bounds(const AttendRequest& a, attention::ResolvedRequest& r) {
 namespace {
 /// Query tokens of a request from which its work items are cut per KV head.
 constexpr int kTokensPerHeadItem = 4;
+/// AttendOptions::max_state_bytes's default: the partial states a call holds at once.
+constexpr size_t kDefaultStateBytes = size_t{16} << 20;
 }  // namespace
 
 void attend_batch(const std::vector<AttendRequest>& requests, const AttendOptions& options) {
   using attention::ResolvedRequest;
   using attention::Scratch;
   std::vector<ResolvedRequest> resolved(requests.size());
-  struct Item {
-    size_t request;
-    int64_t chunk;
-    attention::HeadRange heads;
-  };
-  std::vector<Item> items;
   for (size_t i = 0; i < requests.size(); ++i) {
     const AttendRequest& a = requests[i];
     detail::require(a.cache != nullptr, "attend: request {} has no cache", i);
@@ -171,33 +195,68 @@ void attend_batch(const std::vector<AttendRequest>& requests, const AttendOption
     for (int t = 0; t < a.n_tokens; ++t)
       for (int h = 0; h < p.H; ++h)
         r.heads.push_back(attention::prepare_head_query(p, h, a.q + t * per_token + static_cast<size_t>(h) * p.G * p.d));
-    r.states.assign(static_cast<size_t>(r.chunks()) * a.n_tokens * p.H * p.G * attention::state_floats(p.d), 0.f);
-    // Per KV head when several query tokens share the chunk (their scores dwarf the cos/sin rows
-    // each item computes once) and threads wait for work: the cut never changes a result.
-    const bool per_head = a.n_tokens >= kTokensPerHeadItem && options.executor && options.executor->concurrency() > 1;
-    const int step = per_head ? 1 : p.H;
-    for (int64_t c = 0; c < r.chunks(); ++c)
-      for (int h = 0; h < p.H; h += step) items.push_back({i, c, {h, std::min(h + step, p.H)}});
   }
+  // Chunks run in waves of `wave` chunks: each request holds the states of one wave (bounded by
+  // AttendOptions::max_state_bytes), folded into its running merge in chunk order after the wave.
+  // A wave keeps every thread busy (at least two chunks per thread); a call whose states fit runs
+  // in one wave, as a decode step always does.
+  int64_t max_chunks = 0;
+  size_t bytes_per_chunk = 0;  // the states of one chunk of every request
+  for (const ResolvedRequest& r : resolved) {
+    const attention::LayerPlan& p = r.plan;
+    max_chunks = std::max(max_chunks, r.chunks());
+    bytes_per_chunk += static_cast<size_t>(r.n_tokens) * p.H * p.G * attention::state_floats(p.d) * sizeof(float);
+  }
+  const size_t budget = options.max_state_bytes ? options.max_state_bytes : kDefaultStateBytes;
+  const int64_t threads = options.executor ? std::max(1, options.executor->concurrency()) : 1;
+  const int64_t fits = static_cast<int64_t>(budget / std::max<size_t>(bytes_per_chunk, 1));
+  const int64_t wave = std::max<int64_t>(1, std::max(fits, options.max_state_bytes ? 1 : 2 * threads));
   // One Scratch per concurrently running item: a pool indexed by a slot taken under a lock.
   std::mutex slots_mutex;
   std::vector<std::unique_ptr<Scratch>> free_slots;
-  run_tasks(options.executor, static_cast<int64_t>(items.size()), [&](int64_t k) {
-    std::unique_ptr<Scratch> s;
-    {
-      std::lock_guard<std::mutex> lock(slots_mutex);
-      if (!free_slots.empty()) {
-        s = std::move(free_slots.back());
-        free_slots.pop_back();
-      }
+  struct Item {
+    size_t request;
+    int64_t chunk;
+    attention::HeadRange heads;
+  };
+  std::vector<Item> items;
+  for (int64_t begin = 0; begin < max_chunks; begin += wave) {
+    items.clear();
+    for (size_t i = 0; i < resolved.size(); ++i) {
+      ResolvedRequest& r = resolved[i];
+      const attention::LayerPlan& p = r.plan;
+      r.wave_begin = std::min(begin, r.chunks());
+      r.wave_end = std::min(begin + wave, r.chunks());
+      r.states.assign(static_cast<size_t>(r.wave_end - r.wave_begin) * r.n_tokens * p.H * p.G *
+                          attention::state_floats(p.d),
+                      0.f);
+      // Per KV head when several query tokens share the chunk (their scores dwarf the cos/sin rows
+      // each item computes once) and threads wait for work: the cut never changes a result.
+      const bool per_head = r.n_tokens >= kTokensPerHeadItem && threads > 1;
+      const int step = per_head ? 1 : p.H;
+      for (int64_t c = r.wave_begin; c < r.wave_end; ++c)
+        for (int h = 0; h < p.H; h += step) items.push_back({i, c, {h, std::min(h + step, p.H)}});
     }
-    if (!s) s = std::make_unique<Scratch>();
-    const Item& item = items[static_cast<size_t>(k)];
-    attention::run_chunk(resolved[item.request], item.chunk, item.heads, *s);
-    std::lock_guard<std::mutex> lock(slots_mutex);
-    free_slots.push_back(std::move(s));
-  });
-  // Requests finish independently (each merges its own states in chunk order): in parallel.
+    run_tasks(options.executor, static_cast<int64_t>(items.size()), [&](int64_t k) {
+      std::unique_ptr<Scratch> s;
+      {
+        std::lock_guard<std::mutex> lock(slots_mutex);
+        if (!free_slots.empty()) {
+          s = std::move(free_slots.back());
+          free_slots.pop_back();
+        }
+      }
+      if (!s) s = std::make_unique<Scratch>();
+      const Item& item = items[static_cast<size_t>(k)];
+      attention::run_chunk(resolved[item.request], item.chunk, item.heads, *s);
+      std::lock_guard<std::mutex> lock(slots_mutex);
+      free_slots.push_back(std::move(s));
+    });
+    // Requests fold independently (each its own states, in chunk order): in parallel.
+    run_tasks(options.executor, static_cast<int64_t>(resolved.size()),
+              [&](int64_t i) { attention::fold_wave(resolved[static_cast<size_t>(i)]); });
+  }
+  for (ResolvedRequest& r : resolved) std::vector<float>().swap(r.states);
   run_tasks(options.executor, static_cast<int64_t>(resolved.size()),
             [&](int64_t i) { attention::finish_request(resolved[static_cast<size_t>(i)]); });
 }

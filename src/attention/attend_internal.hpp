@@ -123,7 +123,16 @@ struct ResolvedRequest {
   float* out = nullptr;
   float* lse = nullptr;
   std::vector<HeadQuery> heads;  // [token][head]
-  std::vector<float> states;     // [chunk][token][head][g][state_floats]
+  // The partial states of the chunks of the running wave, [wave_begin, wave_end): a call over a
+  // deep cache runs its chunks in waves, so that it holds the states of a wave, not of every chunk
+  // (chunks x tokens x query heads x (d + 3) floats: 40 MB for a 512-token ubatch at 16K depth).
+  std::vector<float> states;     // [chunk - wave_begin][token][head][g][state_floats]
+  int64_t wave_begin = 0, wave_end = 0;
+  // The chunks merged so far, per (token, head, g), in chunk order: the running maximum, sum and
+  // value-mean mass, the value sums (rotated basis and engine basis) and whether any was rotated.
+  std::vector<float> fold_max, fold_rot, fold_eng;
+  std::vector<double> fold_sum, fold_mass;
+  std::vector<uint8_t> fold_any_rot;
   // AttendRequest's position bounds. bounded: some stored token may fall outside them; then
   // coded_end / tier_end (per head) end each ascending run after its last token <= max_position,
   // and every other token outside [min_position, max_position] is masked (-inf) in its chunk.
@@ -143,7 +152,7 @@ struct ResolvedRequest {
   int64_t chunks() const { return plan.coded_chunks + plan.tier_chunks + plan.window_chunks; }
   float* state(int64_t chunk, int token, int h, int g) {
     const auto& p = plan;
-    const size_t idx = ((static_cast<size_t>(chunk) * n_tokens + token) * p.H + h) * p.G + g;
+    const size_t idx = ((static_cast<size_t>(chunk - wave_begin) * n_tokens + token) * p.H + h) * p.G + g;
     return states.data() + idx * static_cast<size_t>(state_floats(p.d));
   }
 };
@@ -169,7 +178,10 @@ struct HeadRange {
 /// One work item: chunk `chunk` of request r for the KV heads of `heads` (their query heads),
 /// every query token, into r's states.
 void run_chunk(ResolvedRequest& r, int64_t chunk, HeadRange heads, Scratch& s);
-/// Merges r's states in chunk order into out and lse.
+/// Merges the states of r's running wave into its fold, in chunk order (the first call sizes the
+/// fold). Folding wave after wave adds the same terms in the same order as one fold of every chunk.
+void fold_wave(ResolvedRequest& r);
+/// r's fold, every chunk merged, into out and lse.
 void finish_request(ResolvedRequest& r);
 
 }  // namespace e8kv::attention

@@ -219,7 +219,7 @@ TEST(Attend, BatchThreadsAndIsaGiveIdenticalBits) {
     single_lse[i].resize(16);
     for (int t = 0; t < 2; ++t) attend(caches[i], 0, f.query(0, t), &single[i][t * n], &single_lse[i][t * 8]);
   }
-  auto run_batch = [&](Executor* ex) {
+  auto run_batch = [&](Executor* ex, size_t max_state_bytes = 0) {
     std::vector<std::vector<float>> out(caches.size(), std::vector<float>(2 * n)), lse(caches.size(), std::vector<float>(16));
     std::vector<AttendRequest> reqs;
     for (size_t i = 0; i < caches.size(); ++i) {
@@ -232,7 +232,10 @@ TEST(Attend, BatchThreadsAndIsaGiveIdenticalBits) {
       r.lse = lse[i].data();
       reqs.push_back(r);
     }
-    attend_batch(reqs, {ex});
+    AttendOptions options;
+    options.executor = ex;
+    options.max_state_bytes = max_state_bytes;
+    attend_batch(reqs, options);
     return std::make_pair(out, lse);
   };
   ThreadPool one(1), two(2), three(3);
@@ -244,6 +247,16 @@ TEST(Attend, BatchThreadsAndIsaGiveIdenticalBits) {
       EXPECT_EQ(lse[i], single_lse[i]) << "cache " << i;
     }
   }
+  // Chunks in waves (a state budget of one byte: one chunk per wave; 40 KB: a few), folded wave
+  // after wave: the same bits, with the 1,300-token caches' chunks beside the 90-token ones'.
+  for (size_t budget : {size_t{1}, size_t{40} << 10})
+    for (Executor* ex : {static_cast<Executor*>(nullptr), static_cast<Executor*>(&three)}) {
+      const auto [out, lse] = run_batch(ex, budget);
+      for (size_t i = 0; i < caches.size(); ++i) {
+        EXPECT_EQ(out[i], single[i]) << "cache " << i << " state budget " << budget;
+        EXPECT_EQ(lse[i], single_lse[i]) << "cache " << i << " state budget " << budget;
+      }
+    }
   force_baseline_isa(true);
   const auto [base_out, base_lse] = run_batch(&two);
   force_baseline_isa(false);

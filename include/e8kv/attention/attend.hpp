@@ -36,6 +36,12 @@ class Executor;  // e8kv/parallel.hpp (ThreadPool, or an engine's own pool); use
 struct AttendOptions {
   /// Runs the work items (sequence × chunk of tokens); null: the calling thread.
   Executor* executor = nullptr;
+  /// A bound on the partial states a call holds at once (each chunk of stored tokens leaves one
+  /// state per query token and head until the chunks are merged): a call whose states would exceed
+  /// it runs its chunks in waves, merging each wave before the next. 0: 16 MiB, and waves of at
+  /// least two chunks per executor thread. Results never depend on it (the merge adds the same
+  /// terms in the same order).
+  size_t max_state_bytes = 0;
 };
 
 /// q: n_q_heads·head_dim floats (post-RoPE, the engine's basis); out: the same size; lse:
