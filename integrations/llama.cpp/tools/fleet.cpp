@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "e8kv/container/container.hpp"
+#include "e8kv/detail/byte_io.hpp"
 #include "e8kv/error.hpp"
 #include "e8kv/llama_cpp/memory_state.hpp"
 #include "e8kv/llama_cpp/seq_state.hpp"
@@ -30,12 +31,14 @@ std::vector<uint8_t> keep_rows(const std::vector<uint8_t>& b, size_t row, const 
 
 // A slot file of bare tokens: llama_state_seq_save_file's header, the tokens, the state's bytes.
 std::vector<uint8_t> slot_file_of(const int32_t* tokens, size_t n_tokens, const uint8_t* state, size_t state_size) {
-  std::vector<uint8_t> out(12);
-  const uint32_t head[3] = {kSeqFileMagic, kSeqFileVersion, static_cast<uint32_t>(n_tokens)};
-  std::memcpy(out.data(), head, 12);
-  const auto* t = reinterpret_cast<const uint8_t*>(tokens);
-  out.insert(out.end(), t, t + n_tokens * 4);
-  out.insert(out.end(), state, state + state_size);
+  std::vector<uint8_t> out;
+  out.reserve(12 + 4 * n_tokens + state_size);
+  detail::ByteWriter w(out);
+  w.u32(kSeqFileMagic);
+  w.u32(kSeqFileVersion);
+  w.u32(static_cast<uint32_t>(n_tokens));
+  w.bytes(tokens, 4 * n_tokens);
+  w.bytes(state, state_size);
   return out;
 }
 
