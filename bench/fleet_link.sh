@@ -21,6 +21,8 @@
 #   E8KV_FLEET_PORT=18131                    A; B is +1, the memory pairs +2, +3, ...
 #   FLEET_CTX                                the servers' context (default max(8192, PREFIX + 2048))
 #   E8KV_FLEET_TIMEOUT=7200                  seconds for the measuring; then everything is stopped
+#   E8KV_FLEET_KL_SUFFIXES=16                next tokens of the KL pass (each recomputes the prefix
+#                                            on B; 0: no KL pass, for long prefixes)
 # Everything it starts (namespace, veth, redis, servers) is removed on exit, error or signal.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/env.sh"
@@ -63,4 +65,5 @@ timeout --foreground -k 30 "${E8KV_FLEET_TIMEOUT:-7200}" \
   python3 "$E8KV_ROOT/bench/fleet_ttft.py" --a "$PA" --b "$PB" --a-slots "$FLEET_DIR/a" --b-slots "$FLEET_DIR/b" \
   --unix "$LINK_REDIS_UNIX" --tcp "$LINK_REDIS_TCP" --transports tcp --links "$LINKS" --link-cmd "$HOOK" \
   --tool "$FLEET_TOOL" --model "$FLEET_MODEL" --text "$TEXT" --prefix "$PREFIX" --reps "$REPS" \
+  --kl-suffixes "${E8KV_FLEET_KL_SUFFIXES:-16}" \
   --chunk "${E8KV_FLEET_CHUNK:-256}" ${E8KV_FLEET_SPECS+--specs "$E8KV_FLEET_SPECS"} "${MEMORY[@]}"

@@ -269,7 +269,7 @@ def main():
                 print(f"[ttft] rep {rep + 1}/{args.reps} {m.name}{on}: {(t3 - t0) * 1000:.0f} ms "
                       f"(B evaluated {ans['timings']['prompt_n']} tokens)", flush=True)
 
-    kl = quality(args, prefix, tokens, specs, memory, greedy)
+    kl = quality(args, prefix, tokens, specs, memory, greedy) if args.kl_suffixes > 0 else {}  # 0: no KL pass
 
     base = statistics.median(rows[(links[0], "recompute")]["ttft"])
     ref = rows[(links[0], "recompute")]["top"]
