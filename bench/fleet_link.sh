@@ -21,6 +21,9 @@
 #   E8KV_FLEET_PORT=18131                    A; B is +1, the memory pairs +2, +3, ...
 #   FLEET_CTX                                the servers' context (default max(8192, PREFIX + 2048))
 #   E8KV_FLEET_TIMEOUT=7200                  seconds for the measuring; then everything is stopped
+#   E8KV_LLAMA_MODEL=smollm2                 scripts/fetch-model.sh's name; llama-server caps a slot at
+#                                            the model's training context (SmolLM2: 8,192), so a 16K
+#                                            prefix needs qwen2.5-coder-0.5b (32K)
 #   E8KV_FLEET_KL_SUFFIXES=16                next tokens of the KL pass (each recomputes the prefix
 #                                            on B; 0: no KL pass, for long prefixes)
 # Everything it starts (namespace, veth, redis, servers) is removed on exit, error or signal.
@@ -36,7 +39,7 @@ source "$E8KV_ROOT/scripts/fleet-common.sh"
 source "$E8KV_ROOT/scripts/netns-link.sh"
 
 link_up   # first: refuses (exit 2) before anything starts when not root
-fleet_init "$BIN_DIR"
+fleet_init "$BIN_DIR" "${E8KV_LLAMA_MODEL:-smollm2}"
 link_start_redis
 FLEET_CTX="${FLEET_CTX:-$(( PREFIX + 2048 > 8192 ? PREFIX + 2048 : 8192 ))}"
 PA="${E8KV_FLEET_PORT:-18131}"; PB=$((PA + 1))

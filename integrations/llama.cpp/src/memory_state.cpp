@@ -6,6 +6,7 @@
 #include <string>
 
 #include "e8kv/cache/compressed_kv.hpp"
+#include "e8kv/compressor.hpp"
 #include "e8kv/container/container.hpp"
 #include "e8kv/container/checksum.hpp"
 #include "e8kv/detail/byte_io.hpp"
@@ -106,6 +107,19 @@ void check_memory_state(const MemoryState& state, const std::function<void(size_
       if (also) also(g, cache);
     }
     if (!any) throw Error("e8kv memory state: " + who + " holds no codes");
+  }
+}
+
+std::string spec_difference(const Config& spec, const CompressedKV& cache) {
+  const CacheLayout& L = cache.layout();
+  Config c = spec;
+  c.rope = L.rope;  // the model's, as the softmax scale (the memory takes both from llama.cpp's graph)
+  c.softmax_scale = L.softmax_scale;
+  try {
+    const KVCompressor mine(ModelShape{L.n_layers, L.n_kv_heads, L.n_q_heads, L.head_dim}, c);
+    return mine.layout_difference(L);
+  } catch (const std::exception& e) {
+    return std::string("the spec does not hold for this shape: ") + e.what();
   }
 }
 

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "llama-e8kv-memory.h"
+#include "e8kv/llama_cpp/memory_state.hpp"
 #include "llama_fixture.hpp"
 #include "tiny_gguf.hpp"
 
@@ -206,6 +207,21 @@ TEST_P(Architectures, SavedSequenceRestoresAndDecodesOn) {
   ASSERT_FALSE(decode(a.get(), tokens_, kPrompt, kPrompt + 16).empty()) << log_text();
   std::vector<uint8_t> state(llama_state_seq_get_size(a.get(), 0));
   ASSERT_EQ(llama_state_seq_get_data(a.get(), state.data(), state.size(), 0), state.size());
+  // The fleet tool checks a --kv-e8kv server's codes against the spec alone (spec_difference,
+  // with each container's own shape and RoPE): every group of every architecture must pass, or
+  // push would refuse this model's slots.
+  {
+    const e8kv::llama_cpp::MemoryState parsed = e8kv::llama_cpp::parse_memory_state(state.data() + 8, state.size() - 8);
+    ASSERT_EQ(parsed.sequences.size(), 1u);
+    const e8kv::Config spec = e8kv::Config::parse("preset=tier-k3v2");
+    size_t groups = 0;
+    e8kv::llama_cpp::check_memory_state(parsed, [&](size_t g, const e8kv::CompressedKV& cache) {
+      ++groups;
+      EXPECT_EQ(e8kv::llama_cpp::spec_difference(spec, cache), "") << "layer group " << g;
+      EXPECT_NE(e8kv::llama_cpp::spec_difference(e8kv::Config::parse("preset=quant-k2v2"), cache), "");
+    });
+    EXPECT_GE(groups, 1u);
+  }
   ASSERT_EQ(llama_state_seq_set_data(b.get(), state.data(), state.size(), 0), state.size()) << log_text();
   const size_t next = kPrompt + 16;
   const std::vector<float> x = decode(a.get(), tokens_, next, next + 8), y = decode(b.get(), tokens_, next, next + 8);

@@ -51,8 +51,8 @@ struct MemorySlot {
 
 // Parses a --kv-e8kv server's slot file and checks everything a server would check on restore:
 // one sequence at positions 0..n-1 for its n tokens, every container read (checksums, fields), and
-// each group's layout against this fleet's spec (a slot from a server with another spec is refused
-// here rather than stored under this spec's keys).
+// each group's layout against this fleet's spec (spec_difference: a slot from a server with another
+// spec is refused here rather than stored under this spec's keys).
 MemorySlot read_memory_slot(const uint8_t* file, size_t size, const FleetModel& model) {
   MemorySlot m;
   m.slot = parse_slot_file(file, size);
@@ -70,13 +70,10 @@ MemorySlot read_memory_slot(const uint8_t* file, size_t size, const FleetModel& 
   if (seq.pos_min != 0 || static_cast<size_t>(seq.pos_max) + 1 != m.slot.tokens.size())
     throw Error("the slot's sequence spans positions " + std::to_string(seq.pos_min) + ".." + std::to_string(seq.pos_max) +
                 " for " + std::to_string(m.slot.tokens.size()) + " tokens (a shifted or edited context)");
-  if (seq.groups.size() != model.caches.size())
-    throw Error("the slot's codes hold " + std::to_string(seq.groups.size()) + " layer groups, this model " +
-                std::to_string(model.caches.size()) + " (another model?)");
   check_memory_state(m.state, [&](size_t g, const CompressedKV& cache) {
-    const std::string diff = model.caches[g]->layout_difference(cache.layout());
+    const std::string diff = spec_difference(model.memory_spec, cache);
     if (!diff.empty())
-      throw Error("the slot's codes were made with another spec or model than this --kv-e8kv (layer group " +
+      throw Error("the slot's codes were made with another spec than this --kv-e8kv (layer group " +
                   std::to_string(g) + ": " + diff + ")");
   });
   return m;

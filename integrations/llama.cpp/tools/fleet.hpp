@@ -60,9 +60,10 @@ struct FleetModel {
   store::Digest fingerprint{};              ///< model_fingerprint(GGUF tensors, layout_string(caches))
   size_t chunk_tokens = 256;
   Executor* executor = nullptr;             ///< compresses and restores the layers in parallel (null: inline)
-  /// The slots are e8kv memory codes (servers with --kv-e8kv and the spec `caches` were made
-  /// with; fingerprint from memory_layout_string), not llama.cpp cells.
+  /// The slots are e8kv memory codes of servers started with --kv-e8kv `memory_spec` (fingerprint
+  /// from memory_layout_string; `caches` unused), not llama.cpp cells.
   bool memory_codes = false;
+  Config memory_spec;
 };
 
 struct PushResult {

@@ -113,13 +113,15 @@ int run_cli(int argc, char** argv) {
   auto t0 = Clock::now();
   ModelKv m;
   std::vector<store::TensorRecord> tensors;
-  {  // the GGUF read once, for the caches' shapes and the fingerprint, and let go before the work
+  {  // the GGUF's header read once, for the caches' shapes and the fingerprint; a --kv-e8kv fleet
+     // needs no shapes (its codes carry theirs), so any architecture the memory runs is served
     const llama::GgufFile g = llama::GgufFile::open_header(model_path);
-    m = read_model_kv(model_path, g);
+    if (!memory_codes) m = read_model_kv(model_path, g);
     for (const auto& t : g.tensors()) tensors.push_back({t.name, t.dims, t.type});
   }
-  const std::vector<KVCompressor> compressors = memory_codes ? memory_compressors(spec, m) : model_compressors(spec, m);
+  const std::vector<KVCompressor> compressors = memory_codes ? std::vector<KVCompressor>() : model_compressors(spec, m);
   FleetModel fm;
+  if (memory_codes) fm.memory_spec = Config::parse(spec);
   fm.caches = pointers(compressors);
   fm.chunk_tokens = chunk;
   ThreadPool pool(static_cast<int>(threads));

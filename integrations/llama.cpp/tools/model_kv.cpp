@@ -1,7 +1,5 @@
 #include "model_kv.hpp"
 
-#include <cmath>
-
 #include "e8kv/error.hpp"
 #include "e8kv/llama/gguf.hpp"
 #include "e8kv/llama/model_config.hpp"
@@ -123,19 +121,6 @@ Config model_config(const std::string& spec, const ModelKvCache& cache) {
 std::vector<KVCompressor> model_compressors(const std::string& spec, const ModelKv& model) {
   std::vector<KVCompressor> out;
   for (const ModelKvCache& c : model.caches) out.emplace_back(c.shape, model_config(spec, c));
-  return out;
-}
-
-std::vector<KVCompressor> memory_compressors(const std::string& spec, const ModelKv& model) {
-  std::vector<KVCompressor> out;
-  for (const ModelKvCache& c : model.caches) {
-    Config config = Config::parse(spec);
-    config.rope = c.rope;
-    config.rope.head_dim = c.shape.head_dim;
-    config.softmax_scale = 1.0f / std::sqrt(static_cast<float>(c.shape.head_dim));
-    config.validate(c.shape);
-    out.emplace_back(c.shape, config);
-  }
   return out;
 }
 

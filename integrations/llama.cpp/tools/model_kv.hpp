@@ -44,10 +44,6 @@ Config model_config(const std::string& spec, const ModelKvCache& cache);
 
 /// One compressor per KV cache of the model, in llama.cpp's order.
 std::vector<KVCompressor> model_compressors(const std::string& spec, const ModelKv& model);
-/// The compressors of e8kv's llama.cpp memory started with --kv-e8kv spec (memory/e8kv_memory.cpp):
-/// Config::parse(spec) as given (its fp16 window included), each cache's RoPE, softmax scale
-/// 1/sqrt(head_dim); what the codes of a --kv-e8kv server's slot are checked against.
-std::vector<KVCompressor> memory_compressors(const std::string& spec, const ModelKv& model);
 /// Pointers to them, as compress_seq_state takes them.
 std::vector<const KVCompressor*> pointers(const std::vector<KVCompressor>& compressors);
 

@@ -15,9 +15,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "e8kv/cache/compressed_kv.hpp"
+#include "e8kv/config.hpp"
 
 namespace e8kv::llama_cpp {
 
@@ -53,6 +55,13 @@ std::vector<uint8_t> write_memory_state(const MemoryState& state);
 /// check). Throws e8kv::Error naming the sequence and group.
 void check_memory_state(const MemoryState& state,
                         const std::function<void(size_t group, const CompressedKV& cache)>& also = {});
+
+/// Empty when `cache` is what e8kv's memory started with --kv-e8kv `spec` makes for a layer group
+/// of the cache's own shape, RoPE and softmax scale (a model's, which the fleet's fingerprint already names):
+/// the codecs, window, gains, frame and every other field the spec decides; else what differs.
+/// What the fleet tool checks a --kv-e8kv server's codes with, for any architecture the memory
+/// runs, without llama.cpp's model mapping.
+std::string spec_difference(const Config& spec, const CompressedKV& cache);
 
 /// The state of one sequence cut to its positions below `end` (llama.cpp's seq_rm of the tail,
 /// done on the bytes): each group's container read, cut with e8kv::keep_positions (codes untouched)
