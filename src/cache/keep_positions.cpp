@@ -3,6 +3,7 @@
 // sequence's tail (llama.cpp's seq_rm of a tail, a fleet's shorter prefix).
 #include <algorithm>
 #include <limits>
+#include <utility>
 
 #include "detail/require.hpp"
 #include "e8kv/cache/cache_codecs.hpp"
@@ -85,10 +86,15 @@ void keep_positions(CompressedKV& cache, int64_t begin, int64_t end) {
       const auto& tp = ld.tier_positions[s];
       const size_t np = static_cast<size_t>(std::min<int64_t>(ld.pinned, static_cast<int64_t>(w.size())));
       // Each run is ascending: the coded tokens, the pinned ones, the unpinned window, the tier.
-      const auto [c0, c1] = run_within(cp.begin(), cp.begin(), cp.end(), begin, end);
-      const auto [p0, p1] = run_within(w.begin(), w.begin(), w.begin() + static_cast<std::ptrdiff_t>(np), begin, end);
-      const auto [w0, w1] = run_within(w.begin(), w.begin() + static_cast<std::ptrdiff_t>(np), w.end(), begin, end);
-      const auto [t0, t1] = run_within(tp.begin(), tp.begin(), tp.end(), begin, end);
+      // (Plain variables, not structured bindings: C++17 lambdas below cannot capture those.)
+      const std::pair<size_t, size_t> coded = run_within(cp.begin(), cp.begin(), cp.end(), begin, end);
+      const std::pair<size_t, size_t> pinned_run =
+          run_within(w.begin(), w.begin(), w.begin() + static_cast<std::ptrdiff_t>(np), begin, end);
+      const std::pair<size_t, size_t> window =
+          run_within(w.begin(), w.begin() + static_cast<std::ptrdiff_t>(np), w.end(), begin, end);
+      const std::pair<size_t, size_t> tier = run_within(tp.begin(), tp.begin(), tp.end(), begin, end);
+      const size_t c0 = coded.first, c1 = coded.second, p0 = pinned_run.first, p1 = pinned_run.second;
+      const size_t w0 = window.first, w1 = window.second, t0 = tier.first, t1 = tier.second;
       const int64_t pinned = static_cast<int64_t>(p1 - p0);
       if (pinned_after >= 0 && pinned != pinned_after)
         detail::fail("keep_positions: the range [{}, {}) leaves {} pinned tokens in one KV head's set of layer {} and {} "
