@@ -18,18 +18,6 @@ namespace {
 using namespace e8kv;
 using namespace e8kv::testkit;
 
-synth::SyntheticSpec spec_of(uint64_t seed) {
-  synth::SyntheticSpec s;
-  s.n_layers = 2;
-  s.n_kv_heads = 2;
-  s.n_q_heads = 4;
-  s.head_dim = 64;
-  s.tokens = 300;
-  s.seed = seed;
-  std::printf("keep_positions fixture: seed %llu, %d tokens\n", static_cast<unsigned long long>(seed), s.tokens);
-  return s;
-}
-
 // What decompress_head of `all` gives for the positions in [begin, end).
 CompactHead within(const CompactHead& all, int64_t begin, int64_t end, size_t d) {
   CompactHead want;
@@ -48,7 +36,7 @@ CompactHead within(const CompactHead& all, int64_t begin, int64_t end, size_t d)
 // the cut cache round-trips through the container and takes the next position's append. Per-head
 // sets whose pinned counts would diverge are refused, the cache unchanged.
 TEST(KeepPositions, TailCutKeepsTheFirstTokens) {
-  const auto spec = spec_of(181);
+  const auto spec = seeded_spec(181, 300, "keep_positions");
   Fixture f(spec);
   const int H = spec.n_kv_heads, d = spec.head_dim;
   const std::vector<const char*> all = {"preset=quant-k3v2",
@@ -109,7 +97,7 @@ TEST(KeepPositions, TailCutKeepsTheFirstTokens) {
 // A range cut on both sides is the two one-sided cuts one after the other; a reversed range and a
 // default-constructed cache are refused by name; the empty range leaves an empty, usable cache.
 TEST(KeepPositions, RangeIsBothCutsAndBadInputIsRefused) {
-  const auto spec = spec_of(182);
+  const auto spec = seeded_spec(182, 300, "keep_positions");
   Fixture f(spec);
   KVCompressor c(f.shape, Config::parse("preset=quant-k3v2,residual=16"));
   const CompressedKV cache = c.compress(f.seq, &f.queries);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <vector>
 
 #include "e8kv/cache/kv_view.hpp"
@@ -11,6 +12,16 @@
 #include "testing/synthetic_kv.hpp"
 
 namespace e8kv::testkit {
+
+/// The synthetic defaults (2 layers, 2 KV heads, 4 query heads, head_dim 64) with `tokens` and a
+/// seed, printed so a failing run can be reproduced.
+inline synth::SyntheticSpec seeded_spec(uint64_t seed, int tokens, const char* what) {
+  synth::SyntheticSpec s;
+  s.tokens = tokens;
+  s.seed = seed;
+  std::printf("%s fixture: seed %llu, %d tokens\n", what, static_cast<unsigned long long>(seed), tokens);
+  return s;
+}
 
 struct Fixture {
   synth::SyntheticKV data;

@@ -25,14 +25,7 @@ struct OneSequence {
 };
 
 OneSequence make_state(uint64_t seed) {
-  synth::SyntheticSpec spec;
-  spec.n_layers = 2;
-  spec.n_kv_heads = 2;
-  spec.n_q_heads = 4;
-  spec.head_dim = 64;
-  spec.tokens = 160;
-  spec.seed = seed;
-  std::printf("memory state fixture: seed %llu, %d tokens\n", static_cast<unsigned long long>(seed), spec.tokens);
+  const synth::SyntheticSpec spec = testkit::seeded_spec(seed, 160, "memory state");
   OneSequence o{Fixture(spec), {}, {}};
   o.cache = KVCompressor(o.fixture.shape, Config::parse("preset=quant-k3v2")).compress(o.fixture.seq, &o.fixture.queries);
   MemorySequence s;

@@ -29,17 +29,38 @@ std::vector<uint8_t> keep_rows(const std::vector<uint8_t>& b, size_t row, const 
   return out;
 }
 
-// A slot file of bare tokens: llama_state_seq_save_file's header, the tokens, the state's bytes.
-std::vector<uint8_t> slot_file_of(const int32_t* tokens, size_t n_tokens, const uint8_t* state, size_t state_size) {
+// A slot file of bare tokens: llama_state_seq_save_file's header, the tokens, then the state as
+// llama_state_seq_get_data's frame and the caches' bytes.
+std::vector<uint8_t> slot_file_of(const int32_t* tokens, size_t n_tokens, const uint8_t* frame, size_t frame_size,
+                                  const uint8_t* body, size_t body_size) {
   std::vector<uint8_t> out;
-  out.reserve(12 + 4 * n_tokens + state_size);
+  out.reserve(12 + 4 * n_tokens + frame_size + body_size);
   detail::ByteWriter w(out);
   w.u32(kSeqFileMagic);
   w.u32(kSeqFileVersion);
   w.u32(static_cast<uint32_t>(n_tokens));
   w.bytes(tokens, 4 * n_tokens);
-  w.bytes(state, state_size);
+  w.bytes(frame, frame_size);
+  w.bytes(body, body_size);
   return out;
+}
+
+// A slot file's state split where its caches begin: the frame llama_state_seq_get_data writes
+// (possibly none), then the caches' bytes (llama.cpp's cells, or e8kv's memory state).
+struct SlotState {
+  const uint8_t* frame = nullptr;
+  size_t frame_size = 0;
+  const uint8_t* body = nullptr;
+  size_t body_size = 0;
+};
+SlotState slot_state(const uint8_t* file, size_t size, const SlotFile& slot) {
+  SlotState st;
+  st.frame = file + slot.state_offset;
+  const size_t state_size = size - slot.state_offset;
+  st.frame_size = seq_data_frame_bytes(st.frame, state_size);
+  st.body = st.frame + st.frame_size;
+  st.body_size = state_size - st.frame_size;
+  return st;
 }
 
 // A memory slot's parts: its tokens, the frame before the state, the state parsed.
@@ -56,14 +77,12 @@ struct MemorySlot {
 MemorySlot read_memory_slot(const uint8_t* file, size_t size, const FleetModel& model) {
   MemorySlot m;
   m.slot = parse_slot_file(file, size);
-  const uint8_t* state = file + m.slot.state_offset;
-  const size_t state_size = size - m.slot.state_offset;
-  const size_t frame = seq_data_frame_bytes(state, state_size);
-  if (!is_memory_state(state + frame, state_size - frame))
+  const SlotState st = slot_state(file, size, m.slot);
+  if (!is_memory_state(st.body, st.body_size))
     throw Error("the slot holds llama.cpp's own cache cells (a server without --kv-e8kv): push and pull it with "
                 "--config SPEC, not --kv-e8kv");
-  m.frame.assign(state, state + frame);
-  m.state = parse_memory_state(state + frame, state_size - frame);
+  m.frame.assign(st.frame, st.frame + st.frame_size);
+  m.state = parse_memory_state(st.body, st.body_size);
   if (m.state.sequences.size() != 1)
     throw Error("the slot's memory state holds " + std::to_string(m.state.sequences.size()) + " sequences, not one");
   const MemorySequence& seq = m.state.sequences[0];
@@ -82,11 +101,8 @@ MemorySlot read_memory_slot(const uint8_t* file, size_t size, const FleetModel& 
 }  // namespace
 
 bool slot_holds_memory_codes(const uint8_t* file, size_t size) {
-  const SlotFile slot = parse_slot_file(file, size);
-  const uint8_t* state = file + slot.state_offset;
-  const size_t state_size = size - slot.state_offset;
-  const size_t frame = seq_data_frame_bytes(state, state_size);
-  return is_memory_state(state + frame, state_size - frame);
+  const SlotState st = slot_state(file, size, parse_slot_file(file, size));
+  return is_memory_state(st.body, st.body_size);
 }
 
 SlotFile parse_slot_file(const uint8_t* file, size_t size) {
@@ -119,10 +135,8 @@ std::vector<uint8_t> truncate_slot_file(const uint8_t* file, size_t size, size_t
   if (n_tokens > slot.tokens.size())
     throw Error("truncate_slot_file: " + std::to_string(n_tokens) + " tokens asked, the slot holds " +
                 std::to_string(slot.tokens.size()));
-  const uint8_t* state = file + slot.state_offset;
-  const size_t state_size = size - slot.state_offset;
-  const size_t frame = seq_data_frame_bytes(state, state_size);
-  std::vector<SeqState> caches = parse_seq_caches(state + frame, state_size - frame, 1);
+  const SlotState st = slot_state(file, size, slot);
+  std::vector<SeqState> caches = parse_seq_caches(st.body, st.body_size, 1);
   for (SeqStateStream& S : caches[0].streams) {
     if (S.cells() == 0) continue;
     std::vector<bool> keep(S.cells());
@@ -168,15 +182,8 @@ std::vector<uint8_t> truncate_slot_file(const uint8_t* file, size_t size, size_t
       }
     }
   }
-  std::vector<uint8_t> out(12);
-  const uint32_t head[3] = {kSeqFileMagic, kSeqFileVersion, static_cast<uint32_t>(n_tokens)};
-  std::memcpy(out.data(), head, 12);
-  const auto* t = reinterpret_cast<const uint8_t*>(slot.tokens.data());
-  out.insert(out.end(), t, t + n_tokens * 4);
-  out.insert(out.end(), state, state + frame);
   const std::vector<uint8_t> body = write_seq_caches(caches);
-  out.insert(out.end(), body.begin(), body.end());
-  return out;
+  return slot_file_of(slot.tokens.data(), n_tokens, st.frame, st.frame_size, body.data(), body.size());
 }
 
 std::string layout_string(const std::vector<const KVCompressor*>& caches) {
@@ -210,8 +217,9 @@ PushResult push_memory_slot(store::Store& s, const FleetModel& model, const uint
     r.note = "the slot holds " + std::to_string(r.file_tokens) + " tokens, less than one chunk of " + std::to_string(C);
     return r;
   }
-  const uint8_t* state = file + m.slot.state_offset;
-  const std::vector<uint8_t> value = slot_file_of(m.slot.tokens.data(), r.file_tokens, state, size - m.slot.state_offset);
+  const SlotState st = slot_state(file, size, m.slot);
+  const std::vector<uint8_t> value =
+      slot_file_of(m.slot.tokens.data(), r.file_tokens, st.frame, st.frame_size, st.body, st.body_size);
   const auto keys = store::prefix_keys(model.fingerprint, m.slot.tokens.data(), whole, C);
   r.published_tokens = whole;
   r.slot_bytes = size;
@@ -252,11 +260,9 @@ PullResult pull_memory_slot(store::Store& s, const FleetModel& model, const std:
                                    std::to_string(hit.n_tokens) + " tokens: " + e.what());
     return r;
   }
-  std::vector<uint8_t> state = m.frame;
   const std::vector<uint8_t> body = write_memory_state(cut);
-  state.insert(state.end(), body.begin(), body.end());
   r.n_tokens = hit.n_tokens;
-  r.slot_file = slot_file_of(held.data(), hit.n_tokens, state.data(), state.size());
+  r.slot_file = slot_file_of(held.data(), hit.n_tokens, m.frame.data(), m.frame.size(), body.data(), body.size());
   return r;
 }
 

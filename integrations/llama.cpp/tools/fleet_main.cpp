@@ -128,7 +128,7 @@ int run_cli(int argc, char** argv) {
   fm.executor = &pool;
   fm.memory_codes = memory_codes;
   fm.fingerprint = store::model_fingerprint(
-      tensors, memory_codes ? memory_layout_string(Config::parse(spec)) : layout_string(fm.caches));
+      tensors, memory_codes ? memory_layout_string(fm.memory_spec) : layout_string(fm.caches));
   const double model_ms = ms_since(t0);
   store::StoreOptions so;
   so.command_timeout = std::chrono::milliseconds(timeout_ms);
