@@ -141,6 +141,8 @@ void resolve_bounds(const AttendRequest& a, attention::ResolvedRequest& r) {
   const attention::LayerPlan& p = r.plan;
   r.coded_end = p.coded;
   r.tier_end = p.tier;
+  r.coded_begin.assign(static_cast<size_t>(p.H), 0);
+  r.tier_begin.assign(static_cast<size_t>(p.H), 0);
   if (r.min_position == std::numeric_limits<int32_t>::min() && r.max_position == std::numeric_limits<int32_t>::max())
     return;
   r.bounded = per_token;  // tokens' own bounds are applied in every chunk
@@ -152,8 +154,13 @@ void resolve_bounds(const AttendRequest& a, attention::ResolvedRequest& r) {
     const auto& coded = cache.positions(p.layer, h);
     const auto& tier = cache.tier_positions(p.layer, h);
     const auto& window = cache.window_positions(p.layer, h);
+    auto begin_of = [&](const std::vector<int32_t>& run) {
+      return static_cast<int64_t>(std::lower_bound(run.begin(), run.end(), r.min_position) - run.begin());
+    };
     r.coded_end[static_cast<size_t>(h)] = end_of(coded);
     r.tier_end[static_cast<size_t>(h)] = end_of(tier);
+    r.coded_begin[static_cast<size_t>(h)] = begin_of(coded);
+    r.tier_begin[static_cast<size_t>(h)] = begin_of(tier);
     auto outside = [&](int32_t pos) { return pos < r.min_position || pos > r.max_position; };
     const bool some_below = (!coded.empty() && coded.front() < r.min_position) ||
                             (!tier.empty() && tier.front() < r.min_position);
@@ -165,8 +172,26 @@ void resolve_bounds(const AttendRequest& a, attention::ResolvedRequest& r) {
 
 }  // namespace
 
+namespace attention {
+
+bool chunk_out_of_bounds(const ResolvedRequest& r, int64_t chunk, HeadRange heads) {
+  const LayerPlan& p = r.plan;
+  const Segment segment = segment_of(p, chunk);
+  if (segment == Segment::kWindow) return false;  // window rows are masked one by one
+  const bool tier = segment == Segment::kTier;
+  const std::vector<int64_t>& begin = tier ? r.tier_begin : r.coded_begin;
+  const std::vector<int64_t>& end = tier ? r.tier_end : r.coded_end;
+  const int64_t t_begin = segment_begin(p, chunk), t_end = t_begin + kChunkTokens;
+  for (int h = heads.begin; h < heads.end; ++h)
+    if (std::max(t_begin, begin[static_cast<size_t>(h)]) < std::min(t_end, end[static_cast<size_t>(h)])) return false;
+  return true;
+}
+
+}  // namespace attention
+
 namespace {
-/// Query tokens of a request from which its work items are cut per KV head.
+/// Query tokens of a request from which its work items are cut per KV head, and the fewest
+/// query tokens of an item when a request's tokens are cut into parts.
 constexpr int kTokensPerHeadItem = 4;
 /// AttendOptions::max_state_bytes's default: the partial states a call holds at once.
 constexpr size_t kDefaultStateBytes = size_t{16} << 20;
@@ -218,6 +243,7 @@ void attend_batch(const std::vector<AttendRequest>& requests, const AttendOption
     size_t request;
     int64_t chunk;
     attention::HeadRange heads;
+    attention::TokenRange tokens;
   };
   std::vector<Item> items;
   for (int64_t begin = 0; begin < max_chunks; begin += wave) {
@@ -227,6 +253,7 @@ void attend_batch(const std::vector<AttendRequest>& requests, const AttendOption
       const attention::LayerPlan& p = r.plan;
       r.wave_begin = std::min(begin, r.chunks());
       r.wave_end = std::min(begin + wave, r.chunks());
+      // Zeros: an item that does not run (nothing in bounds) leaves empty states, which the merge skips.
       r.states.assign(static_cast<size_t>(r.wave_end - r.wave_begin) * r.n_tokens * p.H * p.G *
                           attention::state_floats(p.d),
                       0.f);
@@ -235,7 +262,26 @@ void attend_batch(const std::vector<AttendRequest>& requests, const AttendOption
       const bool per_head = r.n_tokens >= kTokensPerHeadItem && threads > 1;
       const int step = per_head ? 1 : p.H;
       for (int64_t c = r.wave_begin; c < r.wave_end; ++c)
-        for (int h = 0; h < p.H; h += step) items.push_back({i, c, {h, std::min(h + step, p.H)}});
+        for (int h = 0; h < p.H; h += step) {
+          const attention::HeadRange heads{h, std::min(h + step, p.H)};
+          if (!attention::chunk_out_of_bounds(r, c, heads)) items.push_back({i, c, heads, {0, r.n_tokens}});
+        }
+    }
+    // Fewer items than two per thread (a sliding-window layer's one chunk, one KV head): each
+    // request's query tokens are cut into parts of at least kTokensPerHeadItem, each part decoding
+    // the chunk's codes again (a token's scores and sums do not depend on the others of its item).
+    const int64_t wanted = 2 * threads;
+    if (threads > 1 && !items.empty() && static_cast<int64_t>(items.size()) < wanted) {
+      const int64_t parts_wanted = attention::ceil_div(wanted, static_cast<int64_t>(items.size()));
+      std::vector<Item> cut;
+      for (const Item& item : items) {
+        const int n = item.tokens.size();
+        const int parts = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(parts_wanted, n / kTokensPerHeadItem)));
+        for (int k = 0; k < parts; ++k)
+          cut.push_back({item.request, item.chunk, item.heads,
+                         {item.tokens.begin + n * k / parts, item.tokens.begin + n * (k + 1) / parts}});
+      }
+      items.swap(cut);
     }
     run_tasks(options.executor, static_cast<int64_t>(items.size()), [&](int64_t k) {
       std::unique_ptr<Scratch> s;
@@ -248,7 +294,7 @@ void attend_batch(const std::vector<AttendRequest>& requests, const AttendOption
       }
       if (!s) s = std::make_unique<Scratch>();
       const Item& item = items[static_cast<size_t>(k)];
-      attention::run_chunk(resolved[item.request], item.chunk, item.heads, *s);
+      attention::run_chunk(resolved[item.request], item.chunk, item.heads, item.tokens, *s);
       std::lock_guard<std::mutex> lock(slots_mutex);
       free_slots.push_back(std::move(s));
     });

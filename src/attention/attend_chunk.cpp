@@ -182,19 +182,21 @@ void decode_tile(Rows kind, const uint8_t* rows, size_t stride, int blocks, int6
 /// Refuses a chunk whose scores overflowed: a finite query large enough that scale·q·k leaves
 /// the float range would otherwise give a softmax of NaN, dropped as an empty chunk, and an
 /// attention output of zeros. Then, for a request with position bounds, masks (−inf) the tokens
-/// of the chunk outside them.
-void check_and_mask_logits(const ResolvedRequest& r, HeadRange heads, Segment segment, int64_t t_begin,
-                           const std::vector<int64_t>& count, size_t sets, Scratch& s) {
+/// of the chunk outside them. Tokens before `scored[h]` were skipped: their scores are −inf already.
+void check_and_mask_logits(const ResolvedRequest& r, HeadRange heads, TokenRange tokens, Segment segment,
+                           int64_t t_begin, const std::vector<int64_t>& count, const std::vector<int64_t>& scored,
+                           size_t sets, Scratch& s) {
   const LayerPlan& p = r.plan;
   const int G = p.G, Hn = heads.end - heads.begin;
   auto logits_row = [&](int token, int h, int g) {
-    return s.logits.data() + ((static_cast<size_t>(token) * Hn + (h - heads.begin)) * G + g) * kChunkTokens;
+    return s.logits.data() + ((static_cast<size_t>(token - tokens.begin) * Hn + (h - heads.begin)) * G + g) * kChunkTokens;
   };
-  for (int token = 0; token < r.n_tokens; ++token)
+  for (int token = tokens.begin; token < tokens.end; ++token)
     for (int h = heads.begin; h < heads.end; ++h)
       for (int g = 0; g < G; ++g) {
-        const float* row = logits_row(token, h, g);
-        const int64_t m = count[static_cast<size_t>(h)];
+        const int64_t from = scored[static_cast<size_t>(h)];
+        const float* row = logits_row(token, h, g) + from;
+        const int64_t m = count[static_cast<size_t>(h)] - from;
         if (detail::first_non_finite(row, static_cast<size_t>(m)) < static_cast<size_t>(m))
           detail::fail("attend: the scores of query token {} (query head {}) overflow the float range in layer {}: "
                        "the query or the keys are too large to attend",
@@ -204,7 +206,7 @@ void check_and_mask_logits(const ResolvedRequest& r, HeadRange heads, Segment se
   // The positions every token of the request sees (the intersection of their bounds): a stored
   // token there needs no per-token look (a batch's older tokens, the common case).
   int32_t seen_lo = r.min_position, seen_hi = r.max_position;
-  for (int token = 0; token < r.n_tokens; ++token) {
+  for (int token = tokens.begin; token < tokens.end; ++token) {
     seen_lo = std::max(seen_lo, r.min_for(token));
     seen_hi = std::min(seen_hi, r.max_for(token));
   }
@@ -214,10 +216,10 @@ void check_and_mask_logits(const ResolvedRequest& r, HeadRange heads, Segment se
     const std::vector<int32_t>& pos = segment == Segment::kWindow ? ld.window_positions[set]
                                       : segment == Segment::kTier ? ld.tier_positions[set]
                                                                   : ld.positions[set];
-    for (int64_t t = 0; t < count[static_cast<size_t>(h)]; ++t) {
+    for (int64_t t = scored[static_cast<size_t>(h)]; t < count[static_cast<size_t>(h)]; ++t) {
       const int32_t at = pos[static_cast<size_t>(t_begin + t)];
       if (at >= seen_lo && at <= seen_hi) continue;
-      for (int token = 0; token < r.n_tokens; ++token) {
+      for (int token = tokens.begin; token < tokens.end; ++token) {
         if (at >= r.min_for(token) && at <= r.max_for(token)) continue;
         for (int g = 0; g < G; ++g)
           logits_row(token, h, g)[t] = kNegInf;
@@ -227,7 +229,7 @@ void check_and_mask_logits(const ResolvedRequest& r, HeadRange heads, Segment se
 }
 
 template <class K>
-void run_chunk_body(ResolvedRequest& r, int64_t chunk, HeadRange heads, Scratch& s) {
+void run_chunk_body(ResolvedRequest& r, int64_t chunk, HeadRange heads, TokenRange tokens, Scratch& s) {
   const LayerPlan& p = r.plan;
   const auto& cache = *p.cache;
   const auto& ld = cache.layer(p.layer);
@@ -241,21 +243,32 @@ void run_chunk_body(ResolvedRequest& r, int64_t chunk, HeadRange heads, Scratch&
   std::vector<int64_t> count(static_cast<size_t>(H));
   for (int h = 0; h < H; ++h)
     count[static_cast<size_t>(h)] = std::clamp<int64_t>(stored[static_cast<size_t>(h)] - t_begin, 0, kChunkTokens);
-  s.logits.assign(static_cast<size_t>(r.n_tokens) * Hn * G * kChunkTokens, kNegInf);
+  // Per head, where scoring starts: the first sub-tile holding a token at or above the request's
+  // lowest bound (the sub-tiles before it are below every token's: their scores stay −inf and
+  // their weights 0, exactly what scoring and masking them gives). Window rows are all scored.
+  const std::vector<int64_t>* first_in_bounds = window ? nullptr : tier ? &r.tier_begin : &r.coded_begin;
+  std::vector<int64_t> scored(static_cast<size_t>(H), 0);
+  for (int h = 0; h < H && first_in_bounds != nullptr; ++h) {
+    const int64_t below = std::clamp<int64_t>((*first_in_bounds)[static_cast<size_t>(h)] - t_begin, 0,
+                                              count[static_cast<size_t>(h)]);
+    scored[static_cast<size_t>(h)] = below == count[static_cast<size_t>(h)] ? below : below / kSubTile * kSubTile;
+  }
+  const int Tn = tokens.size();
+  s.logits.assign(static_cast<size_t>(Tn) * Hn * G * kChunkTokens, kNegInf);
   s.dots.resize(static_cast<size_t>(kMaxGroup) * kSubTile);
   s.mean.resize(static_cast<size_t>(kMaxGroup) * kSubTile);
   s.rows.resize(static_cast<size_t>(kSubTile) * d);
   s.key_gains.resize(static_cast<size_t>(kChunkTokens));
   s.value_gains.resize(static_cast<size_t>(kChunkTokens));
   auto logits_row = [&](int token, int h, int g) {
-    return s.logits.data() + ((static_cast<size_t>(token) * Hn + (h - heads.begin)) * G + g) * kChunkTokens;
+    return s.logits.data() + ((static_cast<size_t>(token - tokens.begin) * Hn + (h - heads.begin)) * G + g) * kChunkTokens;
   };
   const bool key_engine = window || (!tier && p.key_in_engine_basis);
   const Rows key_rows = window ? Rows::kFp16 : tier ? p.tier_key_rows : p.key_rows;
   const bool key_ahead = !window && key_rows == Rows::kFp32;
   // Several query tokens: each sub-tile of codes is decoded once into float rows, then every
   // token reads those (a decode costs more than the multiply-adds one token spends on a row).
-  const bool share_decode = r.n_tokens > 1;
+  const bool share_decode = Tn > 1;
   const size_t sets = ld.positions.size();
 
   // Scores, a sub-tile of tokens at a time: cos/sin rows once per position set, then every head.
@@ -265,14 +278,14 @@ void run_chunk_body(ResolvedRequest& r, int64_t chunk, HeadRange heads, Scratch&
       const int h_end = std::min(sets == 1 ? H : static_cast<int>(set) + 1, heads.end);
       if (h_begin >= h_end) continue;
       const int64_t set_count = std::min<int64_t>(count[static_cast<size_t>(h_begin)] - s0, kSubTile);
-      if (set_count <= 0) continue;
+      if (set_count <= 0 || s0 < scored[static_cast<size_t>(h_begin)]) continue;
       if (segment == Segment::kCoded && (p.residual_mean || p.frame == KeyFrame::kPreRope))
         fill_cos_sin(p, ld.positions[set].data() + t_begin + s0, set_count, s);
       else if (tier && p.tier_centred && p.residual_mean)
         fill_cos_sin(p, ld.tier_positions[set].data() + t_begin + s0, set_count, s);
       for (int h = h_begin; h < h_end; ++h) {
         const int64_t m = std::min<int64_t>(count[static_cast<size_t>(h)] - s0, kSubTile);
-        if (m <= 0) continue;
+        if (m <= 0 || s0 < scored[static_cast<size_t>(h)]) continue;
         const auto& hd = ld.heads[static_cast<size_t>(h)];
         const uint8_t* rows = nullptr;
         size_t stride = 0;
@@ -308,7 +321,7 @@ void run_chunk_body(ResolvedRequest& r, int64_t chunk, HeadRange heads, Scratch&
           const auto gain = hd.key_gains_reader();
           for (int64_t t = 0; t < m; ++t) s.key_gains[static_cast<size_t>(s0 + t)] = gain(static_cast<size_t>(t_begin + s0 + t));
         }
-        for (int token = 0; token < r.n_tokens; ++token) {
+        for (int token = tokens.begin; token < tokens.end; ++token) {
           const HeadQuery& hq = r.heads[static_cast<size_t>(token) * H + h];
           const float* q = tier ? hq.qt_tier.data() : scaled_codes ? hq.qt.data() : hq.q;
           for (int g0 = 0; g0 < G;) {
@@ -342,7 +355,7 @@ void run_chunk_body(ResolvedRequest& r, int64_t chunk, HeadRange heads, Scratch&
     }
   }
 
-  check_and_mask_logits(r, heads, segment, t_begin, count, sets, s);
+  check_and_mask_logits(r, heads, tokens, segment, t_begin, count, scored, sets, s);
 
   // Softmax of the chunk and the value sums, per head.
   const bool value_engine = window || (!tier && p.value_in_engine_basis);
@@ -361,7 +374,7 @@ void run_chunk_body(ResolvedRequest& r, int64_t chunk, HeadRange heads, Scratch&
       for (int64_t t = 0; t < m; ++t)
         s.value_gains[static_cast<size_t>(t)] = gain(static_cast<size_t>(t_begin + t)) * p.value_factor;
     }
-    for (int token = 0; token < r.n_tokens; ++token) {
+    for (int token = tokens.begin; token < tokens.end; ++token) {
       for (int g = 0; g < G; ++g) {
         float* st = r.state(chunk, token, h, g);
         std::fill(st, st + state_floats(d), 0.f);
@@ -375,12 +388,12 @@ void run_chunk_body(ResolvedRequest& r, int64_t chunk, HeadRange heads, Scratch&
     if (m == 0) continue;
     // Weights of every (query token, head), in the kernels' group layout: the group of heads
     // g0..g0+NG−1 of a token holds w[t·NG + g] at offset (token·G + g0)·m.
-    s.weights.resize(static_cast<size_t>(r.n_tokens) * G * m);
-    for (int token = 0; token < r.n_tokens; ++token)
+    s.weights.resize(static_cast<size_t>(Tn) * G * m);
+    for (int token = tokens.begin; token < tokens.end; ++token)
       for (int g0 = 0; g0 < G;) {
         g0 += with_group(G - g0, [&](auto ng) {
           constexpr int NG = decltype(ng)::value;
-          float* w = s.weights.data() + (static_cast<size_t>(token) * G + g0) * m;
+          float* w = s.weights.data() + (static_cast<size_t>(token - tokens.begin) * G + g0) * m;
           for (int64_t t = 0; t < m; ++t)
             for (int g = 0; g < NG; ++g) {
               const float pr = logits_row(token, h, g0 + g)[t];
@@ -390,8 +403,9 @@ void run_chunk_body(ResolvedRequest& r, int64_t chunk, HeadRange heads, Scratch&
       }
     // Sums of every (token, head) into contiguous d-float rows, a sub-tile of stored tokens at a
     // time; each sub-tile's rows are decoded once for all query tokens.
-    s.acc.assign(static_cast<size_t>(r.n_tokens) * G * d, 0.f);
-    for (int64_t t0 = 0; t0 < m; t0 += kSubTile) {
+    // The skipped sub-tiles' weights are 0: adding their rows would leave every sum as it is.
+    s.acc.assign(static_cast<size_t>(Tn) * G * d, 0.f);
+    for (int64_t t0 = scored[static_cast<size_t>(h)]; t0 < m; t0 += kSubTile) {
       const int64_t mm = std::min<int64_t>(kSubTile, m - t0);
       const uint8_t* rows = nullptr;
       size_t stride = 0;
@@ -417,11 +431,11 @@ void run_chunk_body(ResolvedRequest& r, int64_t chunk, HeadRange heads, Scratch&
           tile_rows = Rows::kFp32;
         }
       }
-      for (int token = 0; token < r.n_tokens; ++token)
+      for (int token = tokens.begin; token < tokens.end; ++token)
         for (int g0 = 0; g0 < G;) {
           g0 += with_group(G - g0, [&](auto ng) {
             constexpr int NG = decltype(ng)::value;
-            const size_t group = static_cast<size_t>(token) * G + g0;
+            const size_t group = static_cast<size_t>(token - tokens.begin) * G + g0;
             with_rows<K>(tile_rows, [&](const auto& dec) {
               K::template accumulate_rows<NG>(dec, rows, stride, blocks, s.weights.data() + group * m + static_cast<size_t>(t0) * NG,
                                               mm, s.acc.data() + group * d);
@@ -429,9 +443,9 @@ void run_chunk_body(ResolvedRequest& r, int64_t chunk, HeadRange heads, Scratch&
           });
         }
     }
-    for (int token = 0; token < r.n_tokens; ++token)
+    for (int token = tokens.begin; token < tokens.end; ++token)
       for (int g = 0; g < G; ++g) {
-        const float* a = s.acc.data() + (static_cast<size_t>(token) * G + g) * d;
+        const float* a = s.acc.data() + (static_cast<size_t>(token - tokens.begin) * G + g) * d;
         std::copy(a, a + d, r.state(chunk, token, h, g) + 3);
       }
   }
@@ -439,11 +453,11 @@ void run_chunk_body(ResolvedRequest& r, int64_t chunk, HeadRange heads, Scratch&
 
 }  // namespace
 
-void run_chunk(ResolvedRequest& r, int64_t chunk, HeadRange heads, Scratch& s) {
+void run_chunk(ResolvedRequest& r, int64_t chunk, HeadRange heads, TokenRange tokens, Scratch& s) {
 #if E8KV_HOST_AVX2_DISPATCH
-  if (cpu_has_avx2_fma()) return run_chunk_body<attention::kernels::KernelsAvx2Fma>(r, chunk, heads, s);
+  if (cpu_has_avx2_fma()) return run_chunk_body<attention::kernels::KernelsAvx2Fma>(r, chunk, heads, tokens, s);
 #endif
-  run_chunk_body<attention::kernels::KernelsPortable>(r, chunk, heads, s);
+  run_chunk_body<attention::kernels::KernelsPortable>(r, chunk, heads, tokens, s);
 }
 
 }  // namespace e8kv::attention

@@ -11,8 +11,12 @@
 // An item scores its tokens for every query token and head, takes the chunk's softmax and sums
 // the values, leaving a partial state (max, Σp, Σp over coded tokens, weighted value sum) per
 // (query token, query head). States are merged in chunk order once every item has run, so the
-// result does not depend on which thread ran what. A request's position bounds only shorten the
-// coded and tier runs (ascending) and mask window rows: the chunks stay where they are.
+// result does not depend on which thread ran what. A request's position bounds shorten the coded
+// and tier runs (ascending) at both ends and mask window rows: the chunks stay where they are, a
+// chunk's sub-tiles wholly below every token's bounds are skipped (their scores stay -inf and their
+// weights 0, as masking gives), and a chunk with nothing in bounds runs no item. When a call has
+// fewer items than twice the threads (a sliding-window layer's one chunk, a model of one KV head),
+// a request's query tokens are cut into parts as well: no cut changes a result.
 #pragma once
 
 #include <cstddef>
@@ -149,6 +153,8 @@ struct ResolvedRequest {
     return token_max.empty() ? max_position : token_max[static_cast<size_t>(token)];
   }
   std::vector<int64_t> coded_end, tier_end;
+  // Per head: the first token of the coded and tier runs at or above min_position (0 unbounded).
+  std::vector<int64_t> coded_begin, tier_begin;
   int64_t chunks() const { return plan.coded_chunks + plan.tier_chunks + plan.window_chunks; }
   float* state(int64_t chunk, int token, int h, int g) {
     const auto& p = plan;
@@ -175,9 +181,19 @@ struct HeadRange {
   int begin = 0, end = 0;
 };
 
-/// One work item: chunk `chunk` of request r for the KV heads of `heads` (their query heads),
-/// every query token, into r's states.
-void run_chunk(ResolvedRequest& r, int64_t chunk, HeadRange heads, Scratch& s);
+/// Query tokens [begin, end) of a request in a work item.
+struct TokenRange {
+  int begin = 0, end = 0;
+  int size() const { return end - begin; }
+};
+
+/// True when chunk `chunk` of r holds no stored token within r's bounds for any head of `heads`
+/// (its states stay empty: the merge skips them).
+bool chunk_out_of_bounds(const ResolvedRequest& r, int64_t chunk, HeadRange heads);
+
+/// One work item: chunk `chunk` of request r for the KV heads of `heads` (their query heads) and
+/// the query tokens of `tokens`, into r's states.
+void run_chunk(ResolvedRequest& r, int64_t chunk, HeadRange heads, TokenRange tokens, Scratch& s);
 /// Merges the states of r's running wave into its fold, in chunk order (the first call sizes the
 /// fold). Folding wave after wave adds the same terms in the same order as one fold of every chunk.
 void fold_wave(ResolvedRequest& r);

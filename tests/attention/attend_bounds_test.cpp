@@ -159,6 +159,55 @@ TEST(AttendBounds, InclusiveBoundsAreBitIdenticalAndBatchesEqualSingles) {
   for (int i = 0; i < 6; ++i) EXPECT_EQ(singles[static_cast<size_t>(i)], batched[static_cast<size_t>(i)]) << "request " << i;
 }
 
+// Sliding windows over a deep cache (one KV head, as Gemma-3's layers): a request of many query
+// tokens, each with its own window, skips the chunks and sub-tiles below every token's window and
+// cuts its tokens into parts across threads; each token still equals itself attended alone (whose
+// narrower bounds skip more), bit for bit, on any executor.
+TEST(AttendBounds, WindowedTokensEqualThemselvesAloneWhateverIsSkipped) {
+  for (const char* spec : {"preset=quant-k3v2", "preset=quant-k3v2,code_tier=0.05"}) {
+    const uint64_t seed = 7401;
+    Fixture f(spec_of(1, 4, 64, 1800, seed));
+    KVCompressor comp(f.shape, Config::parse(spec));
+    const CompressedKV cache = comp.compress(f.seq, &f.queries);
+    const int n_tokens = 24, q_row = 4 * 64;
+    std::vector<float> q(static_cast<size_t>(n_tokens) * q_row);
+    for (int t = 0; t < n_tokens; ++t) std::copy(f.query(0, t % 8), f.query(0, t % 8) + q_row, q.begin() + t * q_row);
+    for (int32_t window : {300, 700, 5000}) {
+      std::vector<int32_t> lows(n_tokens), highs(n_tokens);
+      for (int t = 0; t < n_tokens; ++t) {
+        highs[static_cast<size_t>(t)] = 1690 + 4 * t;
+        lows[static_cast<size_t>(t)] = highs[static_cast<size_t>(t)] - window + 1;
+      }
+      std::vector<float> alone(q.size()), lse_alone(static_cast<size_t>(n_tokens) * 4);
+      for (int t = 0; t < n_tokens; ++t) {
+        AttendRequest a;
+        a.cache = &cache;
+        a.q = q.data() + t * q_row;
+        a.out = alone.data() + t * q_row;
+        a.lse = lse_alone.data() + t * 4;
+        a.min_position = lows[static_cast<size_t>(t)];
+        a.max_position = highs[static_cast<size_t>(t)];
+        attend_batch({a});
+      }
+      for (int threads : {1, 2, 3}) {
+        ThreadPool pool(threads);
+        std::vector<float> out(q.size()), lse(lse_alone.size());
+        AttendRequest b;
+        b.cache = &cache;
+        b.n_tokens = n_tokens;
+        b.q = q.data();
+        b.out = out.data();
+        b.lse = lse.data();
+        b.token_min_positions = lows.data();
+        b.token_max_positions = highs.data();
+        attend_batch({b}, {&pool});
+        EXPECT_EQ(out, alone) << spec << " seed " << seed << " window " << window << " threads " << threads;
+        EXPECT_EQ(lse, lse_alone) << spec << " seed " << seed << " window " << window << " threads " << threads;
+      }
+    }
+  }
+}
+
 // A finite query so large that scale·q·k overflows the float range: an error naming the
 // overflow, for lossless and coded caches alike, never an output of zeros.
 TEST(AttendBounds, OverflowingScoresAreRefused) {
