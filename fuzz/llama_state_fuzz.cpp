@@ -4,15 +4,23 @@
 // and e8kv's compressed llama.cpp states (state_codec.hpp), both untrusted bytes from disk or a
 // network.
 //
-// The first input byte selects: bit 2 set, a compressed state through restore_seq_state and
-// read_compressed_state_info (bit 3: verify the containers' checksums); bit 2 clear, a sequence
-// state through parse_seq_caches (bit 0: two KV caches, as an iSWA model writes; bit 1: cells
-// with extensions), which must write back byte for byte when it parses. Every entry point must
-// return or throw e8kv::Error: anything else (a crash, a sanitizer report, another exception
-// type, an allocation past -malloc_limit_mb) is a bug.
+// The first input byte selects: bit 4 set, the state of e8kv's own llama.cpp memory (`E8KM`,
+// memory_state.hpp: what `--kv-e8kv` writes into slot files and llama_state_seq_get_data) through
+// parse_memory_state, which must write back byte for byte when it parses a version-2 state, then
+// check_memory_state (every container read, positions against the records, spec_difference on
+// each) and, bit 0 set, cut_memory_state to half its positions, whose result must parse and check
+// again; bit 2 set, a compressed state through restore_seq_state and read_compressed_state_info
+// (bit 3: verify the containers' checksums); else a sequence state through parse_seq_caches
+// (bit 0: two KV caches, as an iSWA model writes; bit 1: cells with extensions), which must write
+// back byte for byte when it parses. Every entry point must return or throw e8kv::Error: anything
+// else (a crash, a sanitizer report, another exception type, an allocation past -malloc_limit_mb)
+// is a bug.
 //
-// E8KV_FUZZ_WRITE_SEEDS=dir writes valid inputs of both kinds (one and two caches, V rows and
-// transposed, lossless and quantized presets) and exits.
+// E8KV_FUZZ_WRITE_SEEDS=dir writes valid inputs of every kind (one and two caches, V rows and
+// transposed, lossless and quantized presets; memory states of one and two sequences and groups)
+// and exits.
+#include <algorithm>
+#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -23,9 +31,12 @@
 #include <string>
 #include <vector>
 
+#include "e8kv/container/container.hpp"
 #include "e8kv/error.hpp"
+#include "e8kv/llama_cpp/memory_state.hpp"
 #include "e8kv/llama_cpp/state_codec.hpp"
 #include "e8kv/numeric/half.hpp"
+#include "seed_corpus.hpp"
 
 namespace {
 
@@ -100,6 +111,22 @@ void write_seeds_if_asked() {
         n += 2;
       }
     }
+    // Memory states: one sequence of one group (cut-able), one of two groups, two sequences.
+    for (const char* spec : {"preset=quant-k3v2", "preset=lossless"}) {
+      const e8kv::Config cfg = e8kv::Config::parse(spec);
+      const auto a = e8kv::container::serialize(e8kv::fuzz::make_seed_cache(40, 64, 11, cfg, 6));
+      const auto b = e8kv::container::serialize(e8kv::fuzz::make_seed_cache(24, 64, 12, cfg, 3));
+      lc::MemoryState one, groups, seqs;
+      one.sequences.push_back({0, 0, 39, {a}});
+      groups.sequences.push_back({0, 0, 39, {a, {}}});
+      seqs.sequences.push_back({0, 0, 39, {a}});
+      seqs.sequences.push_back({3, 0, 23, {b}});
+      const std::string s = std::string(spec).substr(7);
+      write_seed(dir, "memory-one-" + s, 16 | 1, lc::write_memory_state(one));
+      write_seed(dir, "memory-groups-" + s, 16, lc::write_memory_state(groups));
+      write_seed(dir, "memory-seqs-" + s, 16, lc::write_memory_state(seqs));
+      n += 3;
+    }
     std::printf("[fuzz] wrote %d llama.cpp state seeds to %s\n", n, dir);
     std::exit(0);
   } catch (const std::exception& e) {
@@ -121,7 +148,30 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const uint8_t* p = data + 1;
   const size_t n = size - 1;
   try {
-    if (mode & 4) {
+    if (mode & 16) {
+      const lc::MemoryState state = lc::parse_memory_state(p, n);
+      if (state.version == lc::kMemoryStateVersion) {
+        const std::vector<uint8_t> again = lc::write_memory_state(state);
+        if (again.size() != n || std::memcmp(again.data(), p, n) != 0) std::abort();
+      }
+      const e8kv::Config spec = e8kv::Config::parse("preset=quant-k3v2");
+      lc::check_memory_state(state, [&](size_t, const e8kv::CompressedKV& cache) { (void)lc::spec_difference(spec, cache); });
+      if ((mode & 1) && state.sequences.size() == 1) {
+        const lc::MemorySequence& s = state.sequences[0];
+        // In 64 bits: a hostile record's positions may lie anywhere in int32's range.
+        const int64_t mid = (int64_t{s.pos_min} + int64_t{s.pos_max}) / 2 + 1;
+        const int32_t end = static_cast<int32_t>(std::min<int64_t>(mid, INT32_MAX));
+        const lc::MemoryState cut = lc::cut_memory_state(state, end);
+        // A cut that succeeded must be a state the memory reads back: a throw here is a bug.
+        try {
+          const std::vector<uint8_t> bytes = lc::write_memory_state(cut);
+          lc::check_memory_state(lc::parse_memory_state(bytes.data(), bytes.size()));
+        } catch (const e8kv::Error& e) {
+          std::fprintf(stderr, "a cut memory state does not read back: %s\n", e.what());
+          std::abort();
+        }
+      }
+    } else if (mode & 4) {
       e8kv::container::DeserializeOptions o;
       o.verify_checksums = (mode & 8) != 0;
       // Below -malloc_limit_mb: a read within this budget is legitimate, one past it is a bug.

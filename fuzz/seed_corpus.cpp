@@ -60,6 +60,14 @@ CompressedKV make_cache(const synth::SyntheticSpec& s, const Config& cfg, int ap
   return cache;
 }
 
+}  // namespace
+
+CompressedKV make_seed_cache(int tokens, int head_dim, uint64_t seed, const Config& cfg, int appended) {
+  return make_cache(spec(tokens, head_dim, seed), cfg, appended);
+}
+
+namespace {
+
 class Writer {
  public:
   explicit Writer(std::string dir) : dir_(std::move(dir)) {}

@@ -2,9 +2,17 @@
 // run time (scripts/fuzz.sh asks a fuzzer binary for them) so that no binary corpus is committed.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
+#include "e8kv/cache/compressed_kv.hpp"
+#include "e8kv/config.hpp"
+
 namespace e8kv::fuzz {
+
+/// A small synthetic cache (2 layers, 2 KV heads, 4 query heads): `tokens` tokens, the last
+/// `appended` of them appended one by one after compressing the others with `cfg`.
+CompressedKV make_seed_cache(int tokens, int head_dim, uint64_t seed, const Config& cfg, int appended);
 
 /// Writes the seeds into `dir` (which exists), each prefixed by an options byte as the fuzz
 /// targets read it; returns how many it wrote. Throws e8kv::Error when a file cannot be written.
