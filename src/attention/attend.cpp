@@ -13,6 +13,7 @@
 #include "attention/attend_internal.hpp"
 #include "detail/finite.hpp"
 #include "detail/require.hpp"
+#include "e8kv/attention/state.hpp"
 #include "e8kv/cache/cache_codecs.hpp"
 #include "e8kv/error.hpp"
 #include "e8kv/numeric/half.hpp"
@@ -39,8 +40,8 @@ void fold_wave(ResolvedRequest& r) {
     for (int h = 0; h < H; ++h)
       for (int g = 0; g < G; ++g) {
         const size_t f = (static_cast<size_t>(token) * H + h) * G + g;
-        float M = r.fold_max[f];
-        double L = r.fold_sum[f], mass = r.fold_mass[f];
+        SoftmaxRun<double> run{r.fold_max[f], r.fold_sum[f]};
+        double mass = r.fold_mass[f];
         bool any_rot = r.fold_any_rot[f] != 0;
         float* acc_rot = r.fold_rot.data() + f * d;
         float* acc_eng = r.fold_eng.data() + f * d;
@@ -49,9 +50,8 @@ void fold_wave(ResolvedRequest& r) {
           if (!(st[1] > 0.f)) continue;
           const Segment seg = segment_of(p, c);
           const bool rotated = seg == Segment::kTier || (seg == Segment::kCoded && !p.value_in_engine_basis);
-          const float M2 = std::max(M, st[0]);
-          const float a = M == kNegInf ? 0.f : std::exp(M - M2), b = std::exp(st[0] - M2);
-          L = L * a + static_cast<double>(st[1]) * b;
+          const MergeScales scales = run.add(st[0], static_cast<double>(st[1]), ExpE{});
+          const float a = scales.running, b = scales.partial;
           mass = mass * a + static_cast<double>(st[2]) * b;
           for (int i = 0; i < d; ++i) {
             acc_rot[i] *= a;
@@ -60,10 +60,9 @@ void fold_wave(ResolvedRequest& r) {
           float* dst = rotated ? acc_rot : acc_eng;
           any_rot = any_rot || rotated;
           for (int i = 0; i < d; ++i) dst[i] += b * st[3 + i];
-          M = M2;
         }
-        r.fold_max[f] = M;
-        r.fold_sum[f] = L;
+        r.fold_max[f] = run.max;
+        r.fold_sum[f] = run.sum;
         r.fold_mass[f] = mass;
         r.fold_any_rot[f] = any_rot ? 1 : 0;
       }

@@ -14,12 +14,17 @@
 #include "attention/attend_kernels.hpp"
 #include "detail/finite.hpp"
 #include "detail/require.hpp"
+#include "e8kv/attention/state.hpp"
 #include "e8kv/error.hpp"
 #include "e8kv/numeric/cpu_features.hpp"
 #include "e8kv/parallel.hpp"
 
 namespace e8kv {
 namespace {
+
+using attention::ExpE;
+using attention::MergeScales;
+using attention::SoftmaxRun;
 
 constexpr int64_t kBlockTokens = 16;  // query tokens per work item
 constexpr int64_t kTileRows = 64;     // rows widened at once (a multiple of 8: the softmax pads to 8)
@@ -43,7 +48,8 @@ struct Scratch {
   std::vector<float> k, v;       // [kTileRows][d]
   std::vector<float> logits;     // [token][g][kTileRows]
   std::vector<float> weights;    // [kTileRows][G]
-  std::vector<float> m, l, acc;  // [token][g], [token][g], [token][g][d]
+  std::vector<SoftmaxRun<float>> run;  // [token][g]: the softmax so far
+  std::vector<float> acc;             // [token][g][d]
   std::vector<int64_t> visible_lo, visible_hi;  // [token]: the rows it sees, [lo, hi)
 };
 
@@ -103,8 +109,7 @@ void run_block(const Job& j, int64_t block, int h, Scratch& s) {
     s.visible_lo[static_cast<size_t>(t - t0)] = j.window > 0 ? rows_from(qp - j.window + 1) : 0;
   }
   const size_t heads = static_cast<size_t>(nt) * G;
-  s.m.assign(heads, kNegInf);
-  s.l.assign(heads, 0.f);
+  s.run.assign(heads, SoftmaxRun<float>{});
   s.acc.assign(heads * d, 0.f);
   s.k.resize(static_cast<size_t>(kTileRows) * d);
   s.v.resize(static_cast<size_t>(kTileRows) * d);
@@ -154,11 +159,9 @@ void run_block(const Job& j, int64_t block, int h, Scratch& s) {
             K::softmax_row(row, kTileRows, &mt, &st);
             float b = 0.f;
             if (mt > kNegInf) {
-              const float m2 = std::max(s.m[k], mt);
-              const float a = s.m[k] == kNegInf ? 0.f : std::exp(s.m[k] - m2);
-              b = std::exp(mt - m2);
-              s.l[k] = s.l[k] * a + st * b;
-              s.m[k] = m2;
+              const MergeScales scales = s.run[k].add(mt, st, ExpE{});
+              const float a = scales.running;
+              b = scales.partial;
               float* ag = acc + static_cast<size_t>(g) * d;
               if (a != 1.f)
                 for (int i = 0; i < d; ++i) ag[i] *= a;
@@ -179,14 +182,14 @@ void run_block(const Job& j, int64_t block, int h, Scratch& s) {
       const size_t qh = static_cast<size_t>(h) * G + static_cast<size_t>(g);
       float* o = j.out + (static_cast<size_t>(t) * j.H * G + qh) * d;
       const float* a = s.acc.data() + k * d;
-      if (!(s.l[k] > 0.f)) {
+      if (!(s.run[k].sum > 0.f)) {
         std::fill(o, o + d, 0.f);
         if (j.lse) j.lse[static_cast<size_t>(t) * j.H * G + qh] = kNegInf;
         continue;
       }
-      const float inv = 1.f / s.l[k];
+      const float inv = 1.f / s.run[k].sum;
       for (int i = 0; i < d; ++i) o[i] = a[i] * inv;
-      if (j.lse) j.lse[static_cast<size_t>(t) * j.H * G + qh] = s.m[k] + std::log(s.l[k]);
+      if (j.lse) j.lse[static_cast<size_t>(t) * j.H * G + qh] = s.run[k].max + std::log(s.run[k].sum);
     }
 }
 

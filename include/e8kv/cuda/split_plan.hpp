@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "e8kv/attention/state.hpp"
 #include "e8kv/platform.hpp"
 
 namespace e8kv::cuda {
@@ -78,21 +79,16 @@ E8KV_HD constexpr bool covered_by_plan(int64_t coded_len, const SplitPlan& plan)
 /// lse of one partial from its running maximum m (log2 domain) and its sum l = Σ 2^(s_t − m) >= 1.
 E8KV_HD inline float partial_lse2(float m, float l) { return m + log2f(l); }
 
-/// Running log2-sum-exp2 of partial lse values: add() each, then lse(). Empty: -inf.
+/// Running log2-sum-exp2 of partial lse values: add() each, then lse(). Empty: -inf. Each
+/// partial is a softmax run of maximum lse_s and sum 1 (attention/state.hpp).
 struct Lse2Merge {
-  float max = -INFINITY;
-  float sum = 0.f;  ///< Σ 2^(lse_s − max)
+  attention::SoftmaxRun<float> run;  ///< max, and Σ 2^(lse_s − max)
 
   E8KV_HD void add(float lse_s) {
     if (!(lse_s > -INFINITY)) return;  // an empty partial (or a NaN one: it cannot be weighed)
-    if (lse_s > max) {
-      sum = sum * exp2f(max - lse_s) + 1.f;
-      max = lse_s;
-    } else {
-      sum += exp2f(lse_s - max);
-    }
+    run.add(lse_s, 1.f, attention::Exp2{});
   }
-  E8KV_HD float lse() const { return sum > 0.f ? max + log2f(sum) : -INFINITY; }
+  E8KV_HD float lse() const { return run.sum > 0.f ? run.max + log2f(run.sum) : -INFINITY; }
 };
 
 /// Weight of a partial in the merged row: 2^(lse_s − lse); 0 for an empty partial or row.
