@@ -22,14 +22,8 @@ constexpr uint64_t kSeed = 771;
 constexpr int kPrefill = 70, kAppended = 150;
 
 synth::SyntheticSpec spec() {
-  synth::SyntheticSpec s;
-  s.n_layers = 2;
-  s.n_kv_heads = 2;
-  s.n_q_heads = 6;
-  s.head_dim = 64;
-  s.tokens = kPrefill + kAppended;
+  synth::SyntheticSpec s = testkit::shaped_spec(2, 2, 6, 64, kPrefill + kAppended, kSeed);
   s.obs_window = kAppended;  // a query for every appended token (the fixture's last obs_window)
-  s.seed = kSeed;
   return s;
 }
 

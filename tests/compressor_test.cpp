@@ -24,16 +24,7 @@ namespace {
 using namespace e8kv;
 using namespace e8kv::testkit;
 
-synth::SyntheticSpec default_spec(uint64_t seed) {
-  synth::SyntheticSpec s;
-  s.n_layers = 2;
-  s.n_kv_heads = 2;
-  s.n_q_heads = 4;
-  s.head_dim = 64;
-  s.tokens = 300;
-  s.seed = seed;
-  return s;
-}
+synth::SyntheticSpec default_spec(uint64_t seed) { return shaped_spec(2, 2, 4, 64, 300, seed); }
 
 struct Errors {
   double out_rel_l2 = 0;  // mean over layers and queries

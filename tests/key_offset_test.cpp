@@ -26,16 +26,7 @@ constexpr uint64_t kSeed = 20261207;
 constexpr float kOffset = 200.f;   // the largest offset (Qwen2.5-Coder-0.5B: 211 in one channel)
 constexpr int kOffsetChannels = 8;
 
-synth::SyntheticSpec spec() {
-  synth::SyntheticSpec s;
-  s.n_layers = 2;
-  s.n_kv_heads = 2;
-  s.n_q_heads = 8;
-  s.head_dim = 64;
-  s.tokens = 384;
-  s.seed = kSeed;
-  return s;
-}
+synth::SyntheticSpec spec() { return testkit::shaped_spec(2, 2, 8, 64, 384, kSeed); }
 
 // Zeroes every query's components on the RoPE pairs of `channels` (split-half pairs (i, i + d/2),
 // as the generator's RoPE) in `f`, per KV head's query heads.

@@ -483,14 +483,8 @@ TEST(PagedKV, DefaultConfigRoundTripsByteForByte) {
 // A cache with a code tier (a second code stream per head) cannot go to pages: to_paged and
 // paged_layout_for refuse it with an error naming the tier, rather than dropping its tokens.
 TEST(PagedKV, CodeTierCachesAreRefused) {
-  synth::SyntheticSpec sp;
-  sp.n_layers = 1;
-  sp.n_kv_heads = 1;
-  sp.n_q_heads = 2;
-  sp.head_dim = 64;
-  sp.tokens = 200;
+  synth::SyntheticSpec sp = testkit::shaped_spec(1, 1, 2, 64, 200, 640);
   sp.obs_window = 8;
-  sp.seed = 640;
   const testkit::Fixture f(sp);
   const ModelShape& shape = f.shape;
   const SequenceKV& seq = f.seq;

@@ -23,6 +23,20 @@ inline synth::SyntheticSpec seeded_spec(uint64_t seed, int tokens, const char* w
   return s;
 }
 
+/// The synthetic generator's spec for a model of this shape: `tokens` tokens from `seed`, the
+/// generator's defaults for the rest (observation window, key bias, outliers).
+inline synth::SyntheticSpec shaped_spec(int n_layers, int n_kv_heads, int n_q_heads, int head_dim, int tokens,
+                                        uint64_t seed) {
+  synth::SyntheticSpec s;
+  s.n_layers = n_layers;
+  s.n_kv_heads = n_kv_heads;
+  s.n_q_heads = n_q_heads;
+  s.head_dim = head_dim;
+  s.tokens = tokens;
+  s.seed = seed;
+  return s;
+}
+
 struct Fixture {
   synth::SyntheticKV data;
   ModelShape shape;
