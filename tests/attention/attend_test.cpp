@@ -22,14 +22,7 @@ using namespace e8kv;
 using namespace e8kv::testkit;
 
 synth::SyntheticSpec spec_of(int kv_heads, int q_heads, int d, int tokens, uint64_t seed) {
-  synth::SyntheticSpec s;
-  s.n_layers = 1;
-  s.n_kv_heads = kv_heads;
-  s.n_q_heads = q_heads;
-  s.head_dim = d;
-  s.tokens = tokens;
-  s.seed = seed;
-  return s;
+  return shaped_spec(1, kv_heads, q_heads, d, tokens, seed);
 }
 
 /// Dense attention (double) over the keys and values the cache decodes to, and its lse.

@@ -20,6 +20,7 @@
 #include "e8kv/container/checksum.hpp"
 #include "e8kv/container/container.hpp"
 #include "e8kv/error.hpp"
+#include "testing/kv_fixture.hpp"
 #include "testing/synthetic_kv.hpp"
 #include "testing/test_util.hpp"
 
@@ -36,13 +37,7 @@ struct Made {
 
 inline synth::SyntheticSpec small_spec(int layers = 2, int kv_heads = 2, int q_heads = 4, int head_dim = 64, int tokens = 100,
                                 uint64_t seed = 1) {
-  synth::SyntheticSpec s;
-  s.n_layers = layers;
-  s.n_kv_heads = kv_heads;
-  s.n_q_heads = q_heads;
-  s.head_dim = head_dim;
-  s.tokens = tokens;
-  s.seed = seed;
+  synth::SyntheticSpec s = testkit::shaped_spec(layers, kv_heads, q_heads, head_dim, tokens, seed);
   s.obs_window = std::min(16, std::max(tokens, 1));
   return s;
 }
