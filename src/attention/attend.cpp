@@ -266,12 +266,12 @@ void attend_batch(const std::vector<AttendRequest>& requests, const AttendOption
           if (!attention::chunk_out_of_bounds(r, c, heads)) items.push_back({i, c, heads, {0, r.n_tokens}});
         }
     }
-    // Fewer items than two per thread (a sliding-window layer's one chunk, one KV head): each
-    // request's query tokens are cut into parts of at least kTokensPerHeadItem, each part decoding
-    // the chunk's codes again (a token's scores and sums do not depend on the others of its item).
-    const int64_t wanted = 2 * threads;
-    if (threads > 1 && !items.empty() && static_cast<int64_t>(items.size()) < wanted) {
-      const int64_t parts_wanted = attention::ceil_div(wanted, static_cast<int64_t>(items.size()));
+    // Fewer items than threads (a sliding-window layer's one chunk, one KV head): each request's
+    // query tokens are cut into parts of at least kTokensPerHeadItem, just enough for every
+    // thread to have one, as each part decodes the chunk's codes again (a token's scores and sums
+    // do not depend on the others of its item).
+    if (threads > 1 && !items.empty() && static_cast<int64_t>(items.size()) < threads) {
+      const int64_t parts_wanted = attention::ceil_div(threads, static_cast<int64_t>(items.size()));
       std::vector<Item> cut;
       for (const Item& item : items) {
         const int n = item.tokens.size();

@@ -15,8 +15,8 @@
 // and tier runs (ascending) at both ends and mask window rows: the chunks stay where they are, a
 // chunk's sub-tiles wholly below every token's bounds are skipped (their scores stay -inf and their
 // weights 0, as masking gives), and a chunk with nothing in bounds runs no item. When a call has
-// fewer items than twice the threads (a sliding-window layer's one chunk, a model of one KV head),
-// a request's query tokens are cut into parts as well: no cut changes a result.
+// fewer items than threads (a sliding-window layer's one chunk, a model of one KV head), a
+// request's query tokens are cut into parts as well: no cut changes a result.
 #pragma once
 
 #include <cstddef>

@@ -165,7 +165,7 @@ TEST(AttendBounds, WindowedTokensEqualThemselvesAloneWhateverIsSkipped) {
     const int n_tokens = 24, q_row = 4 * 64;
     std::vector<float> q(static_cast<size_t>(n_tokens) * q_row);
     for (int t = 0; t < n_tokens; ++t) std::copy(f.query(0, t % 8), f.query(0, t % 8) + q_row, q.begin() + t * q_row);
-    for (int32_t window : {300, 700, 5000}) {
+    for (int32_t window : {100, 300, 700, 5000}) {
       std::vector<int32_t> lows(n_tokens), highs(n_tokens);
       for (int t = 0; t < n_tokens; ++t) {
         highs[static_cast<size_t>(t)] = 1690 + 4 * t;
