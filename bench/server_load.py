@@ -1,0 +1,995 @@
+#!/usr/bin/env python3
+"""Load and fault driver for ONE running llama-server (bench/server_load.sh starts the servers).
+
+It builds a deterministic workload (seeded) from text corpora tokenized by the server itself, then,
+depending on --mode:
+
+  reference  every unit marked for reference is served alone: all slots erased, then the unit's
+             requests one after the other (a chat's turns in order, so the prompt cache is reused
+             as it would be by a lone client). Answers go to --ref FILE (JSON).
+  load       1. solo phase: a single client; a plain request and a chat whose slot is saved, erased,
+                overwritten and restored between its turns (the file is kept for the restart mode).
+                Answers must equal the reference exactly (asserted).
+             2. load phase: a pool of --clients streams (default 8) against the server's slots:
+                single prompts from 16 tokens to a few thousand (longer than -b, so the server
+                splits them over several llama_decode calls), multi-turn chats reusing their cached
+                prefix, clients that disconnect mid-generation and mid-prefill (the prompt is then
+                sent again), prompts longer than a slot (must be refused with a readable error),
+                a chat that runs into the end of its slot (long form), and the save / erase /
+                restore of slot 0 while the other slots keep decoding. The phase is cut in two
+                parts; after each the pool drains, every slot is erased and the server's RSS is
+                read (/proc/PID/status VmRSS): the leak check compares them (long form only).
+             3. /health and the process must still be alive.
+             Prints a JSON summary (also --summary FILE) and a human table; exit status 1 with the
+             reasons when a check fails.
+  restart    on a freshly started server: restores the slot file saved by the solo phase, sends the
+             chat's next turn and requires the uninterrupted conversation's answer (reference).
+  wall       a lone conversation run into the end of its slot --reps times (a ~6,000-token turn,
+             a turn reusing it whose prompt + n_predict passes the slot, a turn longer than the
+             slot); the same answers each time, slots erased and RSS read after each repetition.
+
+Every request has a timeout; the whole run has a deadline. Greedy sampling (temperature 0, fixed
+seed), cache_prompt on, prompts sent as token ids, answers compared as token ids. Standard library
+only, loopback only.
+
+  bench/server_load.py --port P --mode reference --ref ref.json [--short | --requests N]
+  bench/server_load.py --port P --mode load --ref ref.json --pid PID [--short | --requests N]
+  bench/server_load.py --port P --mode restart --ref ref.json [--short | --requests N]
+  bench/server_load.py --port P --mode wall --ref /dev/null --pid PID [--reps 3]
+  (the same workload options in the first three modes; --corpus-cache FILE keeps the tokenized text.)
+"""
+import argparse
+import concurrent.futures
+import http.client
+import json
+import math
+import os
+import random
+import socket
+import statistics
+import sys
+import threading
+import time
+
+HOST = "127.0.0.1"
+SEED = 1234            # sampling seed of every request (greedy anyway)
+SOLO_SLOT = 0          # slot used by the solo and controlled save/restore scenarios
+RESTART_FILE = "server_load_restart.bin"
+CTL_FILE = "server_load_ctl.bin"
+
+
+# ----------------------------------------------------------------------------------------------
+# HTTP
+
+
+class Client:
+    def __init__(self, port, timeout):
+        self.port = port
+        self.timeout = timeout
+
+    def json_call(self, method, path, body=None, timeout=None):
+        """Returns (status, parsed JSON or None, raw text). Raises on transport failures."""
+        conn = http.client.HTTPConnection(HOST, self.port, timeout=timeout or self.timeout)
+        try:
+            data = None if body is None else json.dumps(body)
+            conn.request(method, path, body=data, headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            raw = resp.read().decode("utf-8", "replace")
+            try:
+                parsed = json.loads(raw) if raw else None
+            except ValueError:
+                parsed = None
+            return resp.status, parsed, raw
+        finally:
+            conn.close()
+
+    def slot_action(self, slot, action, filename=None):
+        body = {} if filename is None else {"filename": filename}
+        status, js, raw = self.json_call("POST", f"/slots/{slot}?action={action}", body)
+        if status != 200 or js is None:
+            raise RuntimeError(f"slot {slot} {action} answered HTTP {status}: {raw[:300]}")
+        return js
+
+    def erase_all(self, n_slots):
+        for s in range(n_slots):
+            self.slot_action(s, "erase")
+
+    def complete(self, prompt, n_predict, id_slot=None, cancel_after_tokens=None, cancel_in_prefill=False):
+        """A streaming /completion. Returns a dict: outcome ok | error | cancelled | transport,
+        tokens, ttft_s, wall_s, final chunk fields (cache_n, truncated, ...).
+        cancel_after_tokens: disconnect after that many tokens; cancel_in_prefill: disconnect as soon
+        as the server reports part of the prompt processed (prompt_progress), else after the first token."""
+        body = {"prompt": prompt, "n_predict": n_predict, "temperature": 0, "seed": SEED,
+                "cache_prompt": True, "stream": True, "return_tokens": True}
+        if id_slot is not None:
+            body["id_slot"] = id_slot
+        if cancel_in_prefill:
+            body["return_progress"] = True
+            cancel_after_tokens = cancel_after_tokens or 1
+        out = {"outcome": None, "tokens": [], "ttft_s": None, "n_prompt": len(prompt), "n_predict": n_predict}
+        t0 = time.perf_counter()
+        conn = http.client.HTTPConnection(HOST, self.port, timeout=self.timeout)
+        try:
+            conn.request("POST", "/completion", body=json.dumps(body),
+                         headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            if resp.status != 200:
+                raw = resp.read().decode("utf-8", "replace")
+                out.update(self._error(resp.status, raw))
+                return out
+            while True:
+                line = resp.readline()
+                if not line:
+                    out["outcome"] = "transport"
+                    out["kind"] = "transport:stream ended without a final chunk"
+                    return out
+                line = line.strip()
+                if not line.startswith(b"data: "):
+                    continue
+                try:
+                    chunk = json.loads(line[6:])
+                except ValueError:
+                    out["outcome"] = "error"
+                    out["kind"] = "unreadable stream chunk"
+                    out["message"] = line[:300].decode("utf-8", "replace")
+                    return out
+                if "error" in chunk:
+                    err = chunk["error"] if isinstance(chunk["error"], dict) else {"message": str(chunk["error"])}
+                    out["outcome"] = "error"
+                    out["kind"] = "stream:" + str(err.get("type", "unknown"))
+                    out["message"] = str(err.get("message", ""))
+                    return out
+                prog = chunk.get("prompt_progress")
+                if prog:
+                    out["progress"] = prog
+                    done = prog.get("processed", 0)
+                    if cancel_in_prefill and 0 < done and prog.get("cache", 0) + done < prog.get("total", 0):
+                        out["outcome"] = "cancelled"
+                        out["cancelled_in"] = "prefill"
+                        self._drop(conn)
+                        return out
+                    continue
+                toks = chunk.get("tokens") or []
+                if toks and out["ttft_s"] is None:
+                    out["ttft_s"] = time.perf_counter() - t0
+                if not chunk.get("stop"):
+                    out["tokens"].extend(toks)
+                elif toks and len(toks) >= len(out["tokens"]) and toks[:len(out["tokens"])] == out["tokens"]:
+                    out["tokens"] = list(toks)  # a final chunk that repeats the whole answer
+                elif toks:
+                    out["tokens"].extend(toks)
+                if cancel_after_tokens is not None and len(out["tokens"]) >= cancel_after_tokens and not chunk.get("stop"):
+                    out["outcome"] = "cancelled"
+                    out["cancelled_in"] = "generation"
+                    self._drop(conn)
+                    return out
+                if chunk.get("stop"):
+                    t = chunk.get("timings") or {}
+                    out["outcome"] = "ok"
+                    out["cache_n"] = t.get("cache_n", chunk.get("tokens_cached"))
+                    out["prompt_n"] = t.get("prompt_n")
+                    out["prompt_ms"] = t.get("prompt_ms")
+                    out["predicted_n"] = t.get("predicted_n", chunk.get("tokens_predicted"))
+                    out["predicted_per_second"] = t.get("predicted_per_second")
+                    out["truncated"] = bool(chunk.get("truncated"))
+                    out["stop_type"] = chunk.get("stop_type")
+                    out["id_slot"] = chunk.get("id_slot")
+                    return out
+        except (OSError, http.client.HTTPException) as e:
+            out["outcome"] = "transport"
+            out["kind"] = f"transport:{type(e).__name__}"
+            out["message"] = str(e)
+            return out
+        finally:
+            out["wall_s"] = time.perf_counter() - t0
+            conn.close()
+
+    @staticmethod
+    def _drop(conn):
+        try:
+            conn.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        conn.close()
+
+    @staticmethod
+    def _error(status, raw):
+        try:
+            js = json.loads(raw)
+        except ValueError:
+            return {"outcome": "error", "kind": f"http{status}:unreadable", "message": raw[:300], "readable": False}
+        err = js.get("error", js) if isinstance(js, dict) else {}
+        if not isinstance(err, dict):
+            err = {"message": str(err)}
+        msg = str(err.get("message", ""))
+        return {"outcome": "error", "kind": f"http{status}:{err.get('type', 'unknown')}", "message": msg,
+                "readable": bool(msg)}
+
+
+# ----------------------------------------------------------------------------------------------
+# Corpus and workload
+
+
+def load_corpus(cli, texts, need, cache):
+    if cache and os.path.exists(cache):
+        with open(cache) as f:
+            toks = json.load(f)
+        if len(toks) >= need:
+            return toks
+    toks = []
+    piece = 100_000
+    for path in texts:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+        for i in range(0, len(text), piece):
+            status, js, raw = cli.json_call("POST", "/tokenize", {"content": text[i:i + piece]})
+            if status != 200:
+                raise SystemExit(f"/tokenize answered HTTP {status}: {raw[:200]}")
+            toks.extend(js["tokens"])
+            if len(toks) >= need:
+                break
+        if len(toks) >= need:
+            break
+    if len(toks) < need:
+        raise SystemExit(f"the corpora hold {len(toks)} tokens, the workload needs {need}")
+    if cache:
+        with open(cache, "w") as f:
+            json.dump(toks, f)
+    return toks
+
+
+def log_uniform(rng, lo, hi):
+    return int(round(math.exp(rng.uniform(math.log(lo), math.log(hi)))))
+
+
+def build_workload(short, n_requests, seed, n_ctx, ref_fraction):
+    """Units (lists of turns) with token lengths only; corpus regions are bound afterwards.
+    Turn: {"new": length of new text, "n_predict": N, "expect": ok | exceed | wall}."""
+    rng = random.Random(seed)
+    npred = lambda: rng.choice([8, 8, 16, 16] if short else [8, 8, 16, 16, 24, 32])
+
+    def single_len():
+        x = rng.random()
+        if short:
+            return log_uniform(rng, 16, 200) if x < 0.75 else log_uniform(rng, 200, 600)
+        if x < 0.8:
+            return log_uniform(rng, 16, 160)
+        return log_uniform(rng, 160, 800) if x < 0.98 else log_uniform(rng, 800, 2000)
+
+    def turn(new, n, expect="ok"):
+        return {"new": new, "n_predict": n, "expect": expect}
+
+    solo = [
+        {"kind": "solo_single", "turns": [turn(200, 16)]},
+        {"kind": "solo_chat", "turns": [turn(300, 16), turn(96, 16)]},   # saved/restored between turns
+    ]
+    special = [{"kind": "single", "turns": [turn(2200 if short else 2600, 16)]},  # > -b 2048: several decode calls
+               {"kind": "ctl_chat", "turns": [turn(300, 16), turn(64, 16)]}]
+    n_overflow, n_cancel_gen, n_cancel_prefill, n_chats = (2, 3, 1, 4) if short else (6, 15, 4, 40)
+    for _ in range(n_overflow):
+        special.append({"kind": "overflow", "turns": [turn(n_ctx + rng.choice([1, 64, 900]), 16, "exceed")]})
+    for _ in range(n_cancel_gen):
+        special.append({"kind": "cancel_gen", "turns": [turn(log_uniform(rng, 32, 400), 256)],
+                        "cancel_after_tokens": rng.choice([1, 2, 4])})
+    for _ in range(n_cancel_prefill):
+        special.append({"kind": "cancel_prefill", "turns": [turn(rng.randint(800, 1600) if short else rng.randint(1200, 2400), 16)]})
+    for _ in range(n_chats):
+        nt = rng.choice([2, 3] if short else [2, 3, 4])
+        turns = [turn(log_uniform(rng, 64, 400 if short else 600), npred())]
+        turns += [turn(log_uniform(rng, 32, 160 if short else 200), npred()) for _ in range(nt - 1)]
+        special.append({"kind": "chat", "turns": turns})
+    if not short:
+        special.append({"kind": "single", "turns": [turn(4000, 16)]})
+        # a conversation that runs into the end of its slot: ~6,000 tokens, then a turn whose
+        # prompt + n_predict passes the slot's context (truncated or refused), then one whose
+        # prompt alone does (refused).
+        special.append({"kind": "wall_chat", "turns": [turn(6000, 16), turn(n_ctx - 6000 - 16 - 24, 64, "wall"),
+                                                        turn(300, 16, "exceed")]})
+    count = lambda units: sum(len(u["turns"]) + (1 if u["kind"] == "cancel_prefill" else 0) for u in units)
+    units = list(special)
+    while count(units) < n_requests:
+        units.append({"kind": "single", "turns": [turn(single_len(), npred())]})
+    rng.shuffle(units)
+    # the controlled save/restore in the middle of the second part, not first nor last
+    ctl = next(u for u in units if u["kind"] == "ctl_chat")
+    units.remove(ctl)
+    units.insert(int(len(units) * 0.6), ctl)
+    rref = random.Random(seed + 1)
+    for i, u in enumerate(solo + units):
+        u["id"] = f"u{i:04d}"
+        if u["kind"] in ("solo_single", "solo_chat", "ctl_chat"):
+            u["ref"] = True
+        elif u["kind"] in ("overflow", "cancel_gen", "wall_chat"):
+            u["ref"] = False   # nothing to compare (cancel_gen: partial answers)
+        else:
+            u["ref"] = short or rref.random() < ref_fraction
+    return solo, units
+
+
+def bind_regions(solo, units, corpus):
+    """Gives every turn its own slice of the corpus; a unit's first token is unique across units
+    so that no two units share a prompt prefix (the server would otherwise reuse a slot's cache
+    for it, which is not what a fresh server does)."""
+    used_first = set()
+    cur = 0
+    for u in solo + units:
+        for k, t in enumerate(u["turns"]):
+            if k == 0:
+                while corpus[cur] in used_first:
+                    cur += 1
+                used_first.add(corpus[cur])
+            t["start"] = cur
+            cur += t["new"] + 7
+            if cur > len(corpus):
+                raise SystemExit("corpus too short for the workload")
+    # fillers (solo/ctl scenarios overwrite slot 0 with an unrelated prompt)
+    fillers = []
+    for _ in range(4):
+        while corpus[cur] in used_first:
+            cur += 1
+        used_first.add(corpus[cur])
+        fillers.append(corpus[cur:cur + 48])
+        cur += 55
+    return fillers
+
+
+def corpus_need(solo, units):
+    return sum(t["new"] + 7 for u in solo + units for t in u["turns"]) + 20_000
+
+
+def new_text(corpus, t):
+    return corpus[t["start"]:t["start"] + t["new"]]
+
+
+# ----------------------------------------------------------------------------------------------
+# Comparison helpers
+
+
+def first_diff(a, b):
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def pct(values, q):
+    if not values:
+        return None
+    v = sorted(values)
+    return v[min(len(v) - 1, max(0, int(math.ceil(q / 100.0 * len(v))) - 1))]
+
+
+def cpu_snapshot(pid):
+    """(busy jiffies of the whole machine, jiffies of the server process, of this driver, time)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    busy = sum(v) - v[3] - (v[4] if len(v) > 4 else 0)   # all but idle and iowait
+    srv = 0
+    if pid:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            srv = int(fields[11]) + int(fields[12])
+        except OSError:
+            pass
+    t = os.times()
+    return busy, srv, (t.user + t.system) * os.sysconf("SC_CLK_TCK"), time.monotonic()
+
+
+def cpu_share_of_others(a, b):
+    """Share of the machine's CPU time that neither the server nor this driver used between two
+    snapshots (other processes competing for the cores: timings are then not clean)."""
+    hz, ncpu = os.sysconf("SC_CLK_TCK"), os.cpu_count() or 1
+    total = (b[3] - a[3]) * hz * ncpu
+    others = (b[0] - a[0]) - (b[1] - a[1]) - (b[2] - a[2])
+    return max(0.0, others / total) if total > 0 else None
+
+
+def read_rss_kb(pid):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+# ----------------------------------------------------------------------------------------------
+# Modes
+
+
+class Run:
+    def __init__(self, a):
+        self.a = a
+        self.cli = Client(a.port, a.timeout)
+        self.deadline = time.monotonic() + a.deadline
+        self.failures = []
+        self.rss_trend = []   # (requests done, VmRSS kB) every 50 requests, slots not erased
+        status, js, raw = self.cli.json_call("GET", "/slots")
+        if status != 200 or not isinstance(js, list):
+            raise SystemExit(f"GET /slots answered HTTP {status}: {raw[:200]}")
+        self.n_slots = len(js)
+        self.n_ctx = int(js[0]["n_ctx"])
+        self.solo, self.units = build_workload(a.short, a.requests, a.seed, self.n_ctx, a.ref_fraction)
+        self.corpus = load_corpus(self.cli, a.text, corpus_need(self.solo, self.units), a.corpus_cache)
+        self.fillers = bind_regions(self.solo, self.units, self.corpus)
+        self.ref = None
+        if a.mode not in ("reference", "wall"):
+            with open(a.ref) as f:
+                self.ref = json.load(f)
+            if a.mode != "wall" and self.ref.get("workload") != self.workload_key():
+                raise SystemExit("the reference was made for another workload (options or corpus differ)")
+
+    def workload_key(self):
+        return {"short": self.a.short, "requests": self.a.requests, "seed": self.a.seed, "n_ctx": self.n_ctx,
+                "n_slots": self.n_slots, "units": len(self.units),
+                "corpus_head": self.corpus[:16], "corpus_len": len(self.corpus)}
+
+    def fail(self, msg):
+        print(f"[server-load] FAIL: {msg}", file=sys.stderr, flush=True)
+        self.failures.append(msg)
+
+    def check_deadline(self):
+        if time.monotonic() > self.deadline:
+            raise TimeoutError(f"the run passed its deadline of {self.a.deadline} s")
+
+    # A chat's turns in order. answers: the previous turns' answers of THIS run.
+    def prompt_for(self, unit, k, answers):
+        p = []
+        for j in range(k + 1):
+            p += new_text(self.corpus, unit["turns"][j])
+            if j < k:
+                p += answers[j]
+        return p
+
+    # -- reference ------------------------------------------------------------------------------
+    def reference(self):
+        out = {"workload": self.workload_key(), "units": {}}
+        t0 = time.monotonic()
+        for u in self.solo + self.units:
+            if not u["ref"]:
+                continue
+            self.check_deadline()
+            self.cli.erase_all(self.n_slots)
+            answers, recs = [], []
+            for k, t in enumerate(u["turns"]):
+                r = self.cli.complete(self.prompt_for(u, k, answers), t["n_predict"])
+                if r["outcome"] != "ok":
+                    self.fail(f"reference {u['id']} turn {k}: {r.get('kind')} {r.get('message', '')}")
+                    break
+                answers.append(r["tokens"])
+                recs.append({"tokens": r["tokens"], "cache_n": r.get("cache_n"), "n_prompt": r["n_prompt"],
+                             "truncated": r.get("truncated")})
+            out["units"][u["id"]] = recs
+        self.cli.erase_all(self.n_slots)
+        with open(self.a.ref, "w") as f:
+            json.dump(out, f)
+        n = sum(len(v) for v in out["units"].values())
+        print(f"[server-load] reference: {n} answers of {len(out['units'])} units in {time.monotonic() - t0:.0f} s")
+        return 1 if self.failures else 0
+
+    def ref_turn(self, u, k):
+        recs = self.ref["units"].get(u["id"])
+        if recs is None or k >= len(recs):
+            return None
+        return recs[k]
+
+    # -- solo phase -----------------------------------------------------------------------------
+    def solo_phase(self, results):
+        cli = self.cli
+        for u in self.solo:
+            cli.erase_all(self.n_slots)
+            answers = []
+            for k, t in enumerate(u["turns"]):
+                if u["kind"] == "solo_chat" and k == 1:
+                    expect_n = len(self.prompt_for(u, 0, answers)) + len(answers[0]) - 1
+                    saved = cli.slot_action(SOLO_SLOT, "save", RESTART_FILE)
+                    if saved.get("n_saved") != expect_n:
+                        self.fail(f"solo save: n_saved {saved.get('n_saved')}, expected {expect_n}")
+                    cli.slot_action(SOLO_SLOT, "erase")
+                    filler = cli.complete(self.fillers[0], 8, id_slot=SOLO_SLOT)
+                    if filler["outcome"] != "ok":
+                        self.fail(f"solo filler request: {filler.get('kind')} {filler.get('message', '')}")
+                    restored = cli.slot_action(SOLO_SLOT, "restore", RESTART_FILE)
+                    if restored.get("n_restored") != saved.get("n_saved"):
+                        self.fail(f"solo restore: n_restored {restored.get('n_restored')} != n_saved {saved.get('n_saved')}")
+                r = cli.complete(self.prompt_for(u, k, answers), t["n_predict"], id_slot=SOLO_SLOT)
+                rec = {"unit": u["id"], "ukind": u["kind"], "turn": k, "phase": "solo", **r}
+                results.append(rec)
+                if r["outcome"] != "ok":
+                    self.fail(f"solo {u['id']} turn {k}: {r.get('kind')} {r.get('message', '')}")
+                    break
+                answers.append(r["tokens"])
+                ref = self.ref_turn(u, k)
+                d = first_diff(r["tokens"], ref["tokens"]) if ref else "no reference"
+                rec["category"] = "solo-after-restore" if k == 1 and u["kind"] == "solo_chat" else "solo"
+                rec["identical"] = d is None
+                rec["first_diff"] = d
+                if d is not None:
+                    self.fail(f"solo {u['id']} turn {k} ({rec['category']}): answer differs from the reference "
+                              f"at token {d}: {r['tokens'][:12]} vs {ref['tokens'][:12] if ref else None}")
+                if k == 1 and u["kind"] == "solo_chat" and r.get("cache_n") != expect_n:
+                    self.fail(f"solo turn after restore reused {r.get('cache_n')} cached tokens, expected {expect_n}")
+        cli.erase_all(self.n_slots)
+
+    # -- load phase -----------------------------------------------------------------------------
+    def run_unit(self, u, worker, results, lock, reserve):
+        """One unit by one client (its requests pinned to slots 1.. while the controlled scenario owns slot 0)."""
+        cli = self.cli
+        answers, diverged = [], False
+        for k, t in enumerate(u["turns"]):
+            self.check_deadline()
+            prompt = self.prompt_for(u, k, answers)
+            kw = {}
+            if u["kind"] == "cancel_gen":
+                kw["cancel_after_tokens"] = u["cancel_after_tokens"]
+            if u["kind"] == "cancel_prefill":
+                kw["cancel_in_prefill"] = True
+            r = self.pinned(reserve, worker, prompt, t["n_predict"], **kw)
+            rec = {"unit": u["id"], "ukind": u["kind"], "turn": k, "phase": "load", "worker": worker,
+                   "expect": t["expect"], **r}
+            if u["kind"] == "cancel_prefill":
+                rec["ukind"] = "cancelled_prefill"
+                with lock:
+                    results.append(rec)
+                # the same prompt again, to the end: the server may reuse what the cancelled one computed
+                r = self.pinned(reserve, worker, prompt, t["n_predict"])
+                rec = {"unit": u["id"], "ukind": "resume_after_cancel", "turn": k, "phase": "load",
+                       "worker": worker, "expect": "ok", **r}
+            self.judge(u, k, rec, diverged)
+            with lock:
+                results.append(rec)
+                n_load = sum(1 for x in results if x["phase"] == "load")
+                if self.a.pid and n_load % 50 == 0:
+                    self.rss_trend.append((n_load, read_rss_kb(self.a.pid)))
+            if r["outcome"] != "ok":
+                break
+            if rec.get("identical") is False or rec.get("category") == "chat-diverged":
+                diverged = True
+            answers.append(r["tokens"])
+
+    def pinned(self, reserve, worker, prompt, n_predict, **kw):
+        slot = reserve.begin(worker)
+        try:
+            r = self.cli.complete(prompt, n_predict, id_slot=slot, **kw)
+        finally:
+            reserve.end(slot)
+        r["pinned_slot"] = slot
+        return r
+
+    def judge(self, u, k, rec, diverged):
+        """Outcome expectation and comparison with the reference."""
+        exp, oc = rec["expect"], rec["outcome"]
+        if rec["ukind"] == "cancel_gen":
+            if oc not in ("cancelled", "ok"):
+                rec["unexpected"] = True
+            return
+        if rec["ukind"] == "cancelled_prefill":
+            return
+        if exp == "exceed":
+            rec["unexpected"] = not (oc == "error" and "exceed_context" in rec.get("kind", "") and rec.get("readable", True))
+            return
+        if exp == "wall":
+            # a prompt that fits with a prompt + n_predict that does not: a truncated answer, or a readable error
+            ok = (oc == "ok" and rec.get("truncated")) or (oc == "error" and rec.get("readable", True) and rec.get("message"))
+            rec["unexpected"] = not ok
+            return
+        if oc != "ok":
+            rec["unexpected"] = True
+            return
+        if rec.get("truncated"):
+            rec["unexpected"] = True
+            rec["message"] = "truncated answer where the prompt fits"
+        ref = self.ref_turn(u, k) if u["ref"] else None
+        if ref is None:
+            return
+        if k > 0:
+            if diverged:
+                rec["category"] = "chat-diverged"
+                return
+            rec["category"] = "chat-reused" if (rec.get("cache_n") or 0) >= rec.get("n_prompt", 0) - u["turns"][k]["new"] - 1 \
+                else "chat-recomputed"
+        elif rec["ukind"] == "resume_after_cancel":
+            rec["category"] = "resume-after-cancel"
+        else:
+            rec["category"] = "single-long" if rec["n_prompt"] > 2048 else "single"
+        d = first_diff(rec["tokens"], ref["tokens"])
+        rec["identical"] = d is None
+        rec["first_diff"] = d
+        rec["ref_tokens"] = ref["tokens"]
+
+    def ctl_scenario(self, u, results, lock, reserve):
+        """Slot 0 saved, erased, overwritten and restored while the other slots decode (the other
+        clients are pinned to slots 1.. while this runs). Turn 2 is served twice on slot 0: right
+        after turn 1 (uninterrupted) and after the restore; both are compared with each other and,
+        when turn 1 matched it, with the reference."""
+        cli = self.cli
+        reserve.acquire_exclusive(self.a.timeout * 2)
+        try:
+            def serve(k, answers, tag):
+                r = cli.complete(self.prompt_for(u, k, answers), u["turns"][k]["n_predict"], id_slot=SOLO_SLOT)
+                rec = {"unit": u["id"], "ukind": u["kind"], "turn": k, "phase": "load", "worker": "ctl",
+                       "expect": "ok", "ctl": tag, **r}
+                if r["outcome"] != "ok":
+                    rec["unexpected"] = True
+                return rec
+
+            r1 = serve(0, [], "turn1")
+            recs = [r1]
+            if r1["outcome"] == "ok":
+                a1 = r1["tokens"]
+                ref1, ref2 = self.ref_turn(u, 0), self.ref_turn(u, 1)
+                self.compare(r1, ref1, "ctl-turn1")
+                expect_n = len(self.prompt_for(u, 0, [])) + len(a1) - 1
+                saved = cli.slot_action(SOLO_SLOT, "save", CTL_FILE)
+                if saved.get("n_saved") != expect_n:
+                    self.fail(f"load save of slot 0: n_saved {saved.get('n_saved')}, expected {expect_n}")
+                r2u = serve(1, [a1], "turn2-uninterrupted")
+                recs.append(r2u)
+                cli.slot_action(SOLO_SLOT, "erase")
+                filler = cli.complete(self.fillers[1], 8, id_slot=SOLO_SLOT)
+                if filler["outcome"] != "ok":
+                    self.fail(f"load filler request: {filler.get('kind')} {filler.get('message', '')}")
+                restored = cli.slot_action(SOLO_SLOT, "restore", CTL_FILE)
+                if restored.get("n_restored") != saved.get("n_saved"):
+                    self.fail(f"load restore: n_restored {restored.get('n_restored')} != n_saved {saved.get('n_saved')}")
+                r2r = serve(1, [a1], "turn2-after-restore")
+                recs.append(r2r)
+                if r2r["outcome"] == "ok" and r2r.get("cache_n") != expect_n:
+                    self.fail(f"turn after the restore under load reused {r2r.get('cache_n')} cached tokens, expected {expect_n}")
+                matched = ref1 is not None and a1 == ref1["tokens"]
+                for rec in (r2u, r2r):
+                    if rec["outcome"] != "ok":
+                        continue
+                    if matched:
+                        self.compare(rec, ref2, "ctl-" + rec["ctl"])
+                    else:
+                        rec["category"] = "chat-diverged"
+                if r2u["outcome"] == "ok" and r2r["outcome"] == "ok":
+                    d = first_diff(r2r["tokens"], r2u["tokens"])
+                    r2r["restore_vs_uninterrupted"] = d
+            with lock:
+                results.extend(recs)
+        finally:
+            reserve.release_exclusive()
+
+    @staticmethod
+    def compare(rec, ref, category):
+        if ref is None:
+            return
+        d = first_diff(rec["tokens"], ref["tokens"])
+        rec["category"] = category
+        rec["identical"] = d is None
+        rec["first_diff"] = d
+        rec["ref_tokens"] = ref["tokens"]
+
+    def load(self):
+        a = self.a
+        results, lock = [], threading.Lock()
+        rss = {}
+        t_start = time.monotonic()
+        self.solo_phase(results)
+        # cut the load in two parts at ~50 requests (long form) for the leak check
+        n_first = 50 if not a.short else max(1, a.requests // 2)
+        part_a, part_b, n = [], [], 0
+        for u in self.units:
+            (part_a if n < n_first else part_b).append(u)
+            n += len(u["turns"]) + (1 if u["kind"] == "cancel_prefill" else 0)
+        reserve = Reservation(self.n_slots)
+        t_load = time.monotonic()
+
+        def pool(units):
+            it = iter(units)
+            it_lock = threading.Lock()
+
+            def worker(w):
+                while True:
+                    with it_lock:
+                        u = next(it, None)
+                    if u is None:
+                        return
+                    try:
+                        if u["kind"] == "ctl_chat":
+                            self.ctl_scenario(u, results, lock, reserve)
+                        else:
+                            self.run_unit(u, w, results, lock, reserve)
+                    except TimeoutError as e:
+                        self.fail(str(e))
+                        return
+                    except Exception as e:  # noqa: BLE001 - every failure is reported
+                        self.fail(f"{u['id']} ({u['kind']}): {type(e).__name__}: {e}")
+
+            with concurrent.futures.ThreadPoolExecutor(a.clients) as ex:
+                list(ex.map(worker, range(a.clients)))
+
+        def quiesce(label):
+            self.cli.erase_all(self.n_slots)
+            time.sleep(2.0)
+            rss[label] = read_rss_kb(a.pid) if a.pid else None
+            rss[label + "_requests"] = sum(1 for r in results if r["phase"] == "load")
+
+        cpu0, load0 = cpu_snapshot(a.pid), os.getloadavg()
+        pool(part_a)
+        quiesce("first")
+        pool(part_b)
+        t_end_load = time.monotonic()
+        cpu1, load1 = cpu_snapshot(a.pid), os.getloadavg()
+        quiesce("last")
+        # still alive and serving?
+        alive = True
+        if a.pid:
+            try:
+                os.kill(a.pid, 0)
+            except OSError:
+                alive = False
+        try:
+            hs, hj, _ = self.cli.json_call("GET", "/health", timeout=30)
+        except OSError as e:
+            hs, hj = None, str(e)
+        if not alive or hs != 200:
+            self.fail(f"server not alive or not healthy at the end (process alive {alive}, /health {hs} {hj})")
+        summary = self.summarize(results, rss, t_load, t_end_load, t_start)
+        summary["health_ok"] = hs == 200 and alive
+        summary["rss_trend_kb"] = self.rss_trend
+        summary["cpu_share_of_other_processes"] = cpu_share_of_others(cpu0, cpu1)
+        summary["server_cpu_s"] = (cpu1[1] - cpu0[1]) / os.sysconf("SC_CLK_TCK")
+        summary["loadavg_start_end"] = [load0[0], load1[0]]
+        summary["failures"] = self.failures
+        if a.summary:
+            with open(a.summary, "w") as f:
+                json.dump(summary, f, indent=1)
+        if a.results:
+            with open(a.results, "w") as f:
+                for r in results:
+                    f.write(json.dumps(r) + "\n")
+        print(json.dumps({k: v for k, v in summary.items() if k != "diffs"}, indent=1))
+        self.print_table(summary)
+        return 1 if self.failures else 0
+
+    def summarize(self, results, rss, t_load, t_end_load, t_start):
+        load = [r for r in results if r["phase"] == "load"]
+        by_kind = {}
+        for r in load:
+            key = "ok" if r["outcome"] == "ok" else ("cancelled" if r["outcome"] == "cancelled" else r.get("kind", r["outcome"]))
+            if r["outcome"] == "ok" and r.get("truncated"):
+                key = "ok (truncated at the slot's end)"
+            by_kind[key] = by_kind.get(key, 0) + 1
+        unexpected = [r for r in load if r.get("unexpected")]
+        for r in unexpected:
+            self.fail(f"unexpected outcome for {r['unit']} turn {r['turn']} ({r['ukind']}, expected {r['expect']}): "
+                      f"{r['outcome']} {r.get('kind', '')} {r.get('message', '')}"[:400])
+        expected_errors = sum(1 for r in load if r["outcome"] == "error" and not r.get("unexpected"))
+        ok = [r for r in load if r["outcome"] == "ok"]
+        ttft = [r["ttft_s"] * 1000 for r in ok if r.get("ttft_s") is not None]
+        tps = [r["predicted_per_second"] for r in ok if r.get("predicted_per_second") and (r.get("predicted_n") or 0) >= 4]
+        gen_tokens = sum(len(r["tokens"]) for r in ok)
+        prompt_tokens = sum(r.get("prompt_n") or 0 for r in ok)
+        cats = {}
+        diffs = []
+        for r in results:
+            c = r.get("category")
+            if c is None:
+                continue
+            e = cats.setdefault(c, {"compared": 0, "identical": 0, "first_diff": []})
+            if c == "chat-diverged":
+                continue
+            e["compared"] += 1
+            if r.get("identical"):
+                e["identical"] += 1
+            else:
+                e["first_diff"].append(r.get("first_diff"))
+                diffs.append({"unit": r["unit"], "turn": r["turn"], "category": c, "n_prompt": r["n_prompt"],
+                              "cache_n": r.get("cache_n"), "first_diff": r.get("first_diff"),
+                              "got": r["tokens"][:24], "ref": (r.get("ref_tokens") or [])[:24]})
+        compared = [r for r in load if r.get("category") and r["category"] != "chat-diverged"]
+        identical = sum(1 for r in compared if r.get("identical"))
+        rss_first, rss_last = rss.get("first"), rss.get("last")
+        growth = (rss_last - rss_first) / rss_first * 100 if rss_first and rss_last else None
+        if not self.a.short and self.a.pid:
+            if growth is None:
+                self.fail("RSS could not be read")
+            elif growth > 5.0:
+                self.fail(f"RSS grew {growth:.1f} % from after the first {rss.get('first_requests')} requests "
+                          f"({rss_first / 1024:.0f} MiB) to the end ({rss_last / 1024:.0f} MiB): over 5 %")
+        ctl = [r for r in results if r.get("ctl") == "turn2-after-restore" and "restore_vs_uninterrupted" in r]
+        return {
+            "restore_vs_uninterrupted_under_load": [r["restore_vs_uninterrupted"] for r in ctl],
+            "requests": len(load), "answered_ok": len(ok), "expected_errors": expected_errors,
+            "unexpected": len(unexpected), "outcomes": by_kind,
+            "ttft_ms_p50": pct(ttft, 50), "ttft_ms_p99": pct(ttft, 99),
+            "tps_stream_p50": statistics.median(tps) if tps else None, "tps_stream_p10": pct(tps, 10),
+            "load_wall_s": t_end_load - t_load, "total_wall_s": time.monotonic() - t_start,
+            "generated_tokens": gen_tokens, "prompt_tokens_processed": prompt_tokens,
+            "rss_first_kb": rss_first, "rss_first_after_requests": rss.get("first_requests"),
+            "rss_last_kb": rss_last, "rss_last_after_requests": rss.get("last_requests"),
+            "rss_growth_pct": growth,
+            "identical_under_load": {"compared": len(compared), "identical": identical},
+            "categories": {c: {"compared": e["compared"], "identical": e["identical"],
+                               "first_diff_min": min([d for d in e["first_diff"] if d is not None], default=None),
+                               "first_diff_median": statistics.median([d for d in e["first_diff"] if d is not None])
+                               if [d for d in e["first_diff"] if d is not None] else None}
+                           for c, e in cats.items()},
+            "chat_turns_not_comparable": sum(1 for r in results if r.get("category") == "chat-diverged"),
+            "diffs": diffs,
+        }
+
+    def print_table(self, s):
+        f = lambda v, fmt="{:.0f}": "-" if v is None else fmt.format(v)
+        print(f"\nrequests {s['requests']} (ok {s['answered_ok']}, expected errors {s['expected_errors']}, "
+              f"unexpected {s['unexpected']}); outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(s["outcomes"].items())))
+        print(f"TTFT p50 {f(s['ttft_ms_p50'])} ms, p99 {f(s['ttft_ms_p99'])} ms; decode per stream p50 "
+              f"{f(s['tps_stream_p50'], '{:.1f}')} t/s (p10 {f(s['tps_stream_p10'], '{:.1f}')}); load phase "
+              f"{s['load_wall_s']:.0f} s, {s['prompt_tokens_processed']} prompt tokens processed, "
+              f"{s['generated_tokens']} generated")
+        print(f"other processes used {f(s.get('cpu_share_of_other_processes'), '{:.0%}')} of the machine's CPU "
+              f"during the load phase (load average {s['loadavg_start_end'][0]:.1f} -> {s['loadavg_start_end'][1]:.1f})")
+        if s.get("restore_vs_uninterrupted_under_load"):
+            print(f"slot 0 restored under load, turn 2 vs the same turn served right after turn 1: first difference "
+                  f"{s['restore_vs_uninterrupted_under_load']} (None: identical)")
+        print(f"RSS after {s['rss_first_after_requests']} requests {f(s['rss_first_kb'] and s['rss_first_kb'] / 1024)} MiB, "
+              f"after {s['rss_last_after_requests']} {f(s['rss_last_kb'] and s['rss_last_kb'] / 1024)} MiB "
+              f"({f(s['rss_growth_pct'], '{:+.1f}')} %)")
+        print("| answers compared with the reference | compared | identical | first differing token (min / median) |")
+        print("|---|---|---|---|")
+        for c, e in sorted(s["categories"].items()):
+            print(f"| {c} | {e['compared']} | {e['identical']} | {f(e['first_diff_min'])} / {f(e['first_diff_median'], '{}')} |")
+        for msg in self.failures:
+            print(f"FAIL: {msg}")
+
+    # -- wall -----------------------------------------------------------------------------------
+    def wall(self):
+        """A lone conversation run into the end of its slot, --reps times on one server: a
+        ~6,000-token first turn, a second turn that reuses it and whose prompt + n_predict passes
+        the slot's context (truncated answer or readable error), a third turn longer than the slot
+        (refused); every slot erased after each repetition and the RSS read. The same answers every
+        time are required (a lone client: exactly reproducible), and RSS must not keep growing."""
+        n1 = min(6000, self.n_ctx - 1200)
+        start = len(self.corpus) - 20_000 + 10
+        cur = start
+        turns = []
+        for new, n_predict, expect in ((n1, 16, "ok"), (self.n_ctx - n1 - 16 - 24, 64, "wall"), (300, 16, "exceed")):
+            turns.append({"start": cur, "new": new, "n_predict": n_predict, "expect": expect})
+            cur += new + 7
+        u = {"id": "wall", "kind": "wall_chat", "turns": turns, "ref": False}
+        reps, rss = [], []
+        for rep in range(self.a.reps):
+            self.check_deadline()
+            self.cli.erase_all(self.n_slots)
+            answers, recs = [], []
+            for k, t in enumerate(turns):
+                r = self.cli.complete(self.prompt_for(u, k, answers), t["n_predict"], id_slot=SOLO_SLOT)
+                rec = {"ukind": "wall_chat", "turn": k, "expect": t["expect"], **r}
+                self.judge(u, k, rec, False)
+                if rec.get("unexpected"):
+                    self.fail(f"wall rep {rep} turn {k} (expected {t['expect']}): {r['outcome']} "
+                              f"{r.get('kind', '')} {r.get('message', '')} truncated={r.get('truncated')}")
+                recs.append({k2: rec.get(k2) for k2 in ("turn", "outcome", "kind", "message", "n_prompt", "cache_n",
+                                                         "prompt_n", "truncated", "stop_type", "tokens", "wall_s")})
+                if r["outcome"] != "ok":
+                    break
+                answers.append(r["tokens"])
+            self.cli.erase_all(self.n_slots)
+            time.sleep(2.0)
+            rss.append(read_rss_kb(self.a.pid) if self.a.pid else None)
+            reps.append(recs)
+            print(f"[server-load] wall rep {rep}: " + "; ".join(
+                f"turn {x['turn']} {x['outcome']} {x.get('kind') or ''} prompt {x['n_prompt']} cached {x.get('cache_n')} "
+                f"truncated {x.get('truncated')} {len(x.get('tokens') or [])} tokens" for x in recs) +
+                f"; RSS {rss[-1] and rss[-1] // 1024} MiB", flush=True)
+        for rep in range(1, len(reps)):
+            a0 = [x.get("tokens") for x in reps[0]]
+            ai = [x.get("tokens") for x in reps[rep]]
+            if a0 != ai:
+                self.fail(f"wall rep {rep}: answers differ from rep 0 (a lone client must be reproducible)")
+        if len(rss) >= 3 and all(rss) and rss[-1] > rss[1] * 1.02:
+            self.fail(f"wall: RSS kept growing after the first repetition: {[x // 1024 for x in rss]} MiB")
+        res = {"reps": reps, "rss_kb": rss, "failures": self.failures}
+        if self.a.summary:
+            with open(self.a.summary, "w") as f:
+                json.dump(res, f, indent=1)
+        return 1 if self.failures else 0
+
+    # -- restart --------------------------------------------------------------------------------
+    def restart(self):
+        u = self.solo[1]
+        ref0, ref1 = self.ref_turn(u, 0), self.ref_turn(u, 1)
+        expect_n = len(self.prompt_for(u, 0, [])) + len(ref0["tokens"]) - 1
+        restored = self.cli.slot_action(SOLO_SLOT, "restore", RESTART_FILE)
+        if restored.get("n_restored") != expect_n:
+            self.fail(f"restart restore: n_restored {restored.get('n_restored')}, expected {expect_n}")
+        r = self.cli.complete(self.prompt_for(u, 1, [ref0["tokens"]]), u["turns"][1]["n_predict"], id_slot=SOLO_SLOT)
+        res = {"restored_tokens": restored.get("n_restored"), "outcome": r["outcome"], "cache_n": r.get("cache_n")}
+        if r["outcome"] != "ok":
+            self.fail(f"restart: the turn after the restore failed: {r.get('kind')} {r.get('message', '')}")
+        else:
+            d = first_diff(r["tokens"], ref1["tokens"])
+            res["identical"] = d is None
+            res["first_diff"] = d
+            if r.get("cache_n") != expect_n:
+                self.fail(f"restart: the turn after the restore reused {r.get('cache_n')} cached tokens, expected {expect_n}")
+            if d is not None:
+                self.fail(f"restart: the answer after restoring on a new server differs from the uninterrupted "
+                          f"conversation at token {d}: {r['tokens']} vs {ref1['tokens']}")
+        res["failures"] = self.failures
+        if self.a.summary:
+            with open(self.a.summary, "w") as f:
+                json.dump(res, f, indent=1)
+        print(json.dumps(res))
+        return 1 if self.failures else 0
+
+
+class Reservation:
+    """While the controlled scenario owns slot 0, new requests of the other clients are pinned to
+    slots 1..n-1; the scenario starts once no unpinned request is in flight (the server could
+    otherwise hand slot 0 to one of them between the scenario's requests)."""
+
+    def __init__(self, n_slots):
+        self.n_slots = n_slots
+        self.cv = threading.Condition()
+        self.exclusive = False
+        self.unpinned = 0
+
+    def begin(self, worker):
+        with self.cv:
+            if self.exclusive:
+                return 1 + worker % (self.n_slots - 1)
+            self.unpinned += 1
+            return None
+
+    def end(self, slot):
+        with self.cv:
+            if slot is None:
+                self.unpinned -= 1
+                self.cv.notify_all()
+
+    def acquire_exclusive(self, timeout):
+        with self.cv:
+            self.exclusive = True
+            if not self.cv.wait_for(lambda: self.unpinned == 0, timeout):
+                raise TimeoutError("the other clients' requests did not drain for the save/restore scenario")
+
+    def release_exclusive(self):
+        with self.cv:
+            self.exclusive = False
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--mode", choices=["reference", "load", "restart", "wall"], required=True)
+    ap.add_argument("--reps", type=int, default=3, help="--mode wall: repetitions")
+    ap.add_argument("--ref", required=True, help="reference answers (written by --mode reference)")
+    ap.add_argument("--short", action="store_true", help="short form: 48 requests, prompts up to ~2,200 tokens")
+    ap.add_argument("--requests", type=int, default=None, help="requests of the load phase (default 500; --short: 48)")
+    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--seed", type=int, default=49)
+    ap.add_argument("--ref-fraction", type=float, default=0.25,
+                    help="long form: share of the ordinary units also served alone for the reference")
+    ap.add_argument("--text", action="append", default=None, help="corpus files (default: scripts/fetch-text.sh's)")
+    ap.add_argument("--corpus-cache", default=None)
+    ap.add_argument("--pid", type=int, default=None, help="llama-server's process id (RSS, liveness)")
+    ap.add_argument("--timeout", type=float, default=900.0, help="seconds per socket operation of a request")
+    ap.add_argument("--deadline", type=float, default=None, help="seconds for the whole mode")
+    ap.add_argument("--summary", default=None)
+    ap.add_argument("--results", default=None, help="every request's record, JSON lines")
+    a = ap.parse_args()
+    if a.requests is None:
+        a.requests = 48 if a.short else 500
+    if a.deadline is None:
+        a.deadline = 1200 if a.short else 5400
+    if not a.text:
+        home = os.path.expanduser("~/.cache/e8kv/text")
+        a.text = [os.path.join(home, "tech.txt"), os.path.join(home, "fiction.txt")]
+    run = Run(a)
+    try:
+        rc = {"reference": run.reference, "load": run.load, "restart": run.restart, "wall": run.wall}[a.mode]()
+    except TimeoutError as e:
+        print(f"[server-load] FAIL: {e}", file=sys.stderr)
+        rc = 1
+    sys.exit(rc)
+
+
+if __name__ == "__main__":
+    main()
