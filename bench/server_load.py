@@ -40,305 +40,25 @@ only, loopback only.
 """
 import argparse
 import concurrent.futures
-import http.client
 import json
 import math
 import os
-import random
-import socket
 import statistics
 import sys
 import threading
 import time
 
-HOST = "127.0.0.1"
-SEED = 1234            # sampling seed of every request (greedy anyway)
+# the client side and the workload live in modules beside this script (bench/server_load.sh runs
+# it as a script, which puts its directory on sys.path; not so under python3 -P or PYTHONSAFEPATH)
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
+from server_load_client import Client, Reservation, cpu_share_of_others, cpu_snapshot, read_rss_kb  # noqa: E402
+from server_load_workload import bind_regions, build_workload, corpus_need, load_corpus, new_text  # noqa: E402
+
 SOLO_SLOT = 0          # slot used by the solo and controlled save/restore scenarios
 RESTART_FILE = "server_load_restart.bin"
 CTL_FILE = "server_load_ctl.bin"
-
-
-# ----------------------------------------------------------------------------------------------
-# HTTP
-
-
-class Client:
-    def __init__(self, port, timeout):
-        self.port = port
-        self.timeout = timeout
-
-    def json_call(self, method, path, body=None, timeout=None):
-        """Returns (status, parsed JSON or None, raw text). Raises on transport failures."""
-        conn = http.client.HTTPConnection(HOST, self.port, timeout=timeout or self.timeout)
-        try:
-            data = None if body is None else json.dumps(body)
-            conn.request(method, path, body=data, headers={"Content-Type": "application/json"})
-            resp = conn.getresponse()
-            raw = resp.read().decode("utf-8", "replace")
-            try:
-                parsed = json.loads(raw) if raw else None
-            except ValueError:
-                parsed = None
-            return resp.status, parsed, raw
-        finally:
-            conn.close()
-
-    def slot_action(self, slot, action, filename=None):
-        body = {} if filename is None else {"filename": filename}
-        status, js, raw = self.json_call("POST", f"/slots/{slot}?action={action}", body)
-        if status != 200 or js is None:
-            raise RuntimeError(f"slot {slot} {action} answered HTTP {status}: {raw[:300]}")
-        return js
-
-    def erase_all(self, n_slots):
-        for s in range(n_slots):
-            self.slot_action(s, "erase")
-
-    def complete(self, prompt, n_predict, id_slot=None, cancel_after_tokens=None, cancel_in_prefill=False):
-        """A streaming /completion. Returns a dict: outcome ok | error | cancelled | transport,
-        tokens, ttft_s, wall_s, final chunk fields (cache_n, truncated, ...).
-        cancel_after_tokens: disconnect after that many tokens; cancel_in_prefill: disconnect as soon
-        as the server reports part of the prompt processed (prompt_progress), else after the first token."""
-        body = {"prompt": prompt, "n_predict": n_predict, "temperature": 0, "seed": SEED,
-                "cache_prompt": True, "stream": True, "return_tokens": True}
-        if id_slot is not None:
-            body["id_slot"] = id_slot
-        if cancel_in_prefill:
-            body["return_progress"] = True
-            cancel_after_tokens = cancel_after_tokens or 1
-        out = {"outcome": None, "tokens": [], "ttft_s": None, "n_prompt": len(prompt), "n_predict": n_predict}
-        t0 = time.perf_counter()
-        conn = http.client.HTTPConnection(HOST, self.port, timeout=self.timeout)
-        try:
-            conn.request("POST", "/completion", body=json.dumps(body),
-                         headers={"Content-Type": "application/json"})
-            resp = conn.getresponse()
-            if resp.status != 200:
-                raw = resp.read().decode("utf-8", "replace")
-                out.update(self._error(resp.status, raw))
-                return out
-            while True:
-                line = resp.readline()
-                if not line:
-                    out["outcome"] = "transport"
-                    out["kind"] = "transport:stream ended without a final chunk"
-                    return out
-                line = line.strip()
-                if not line.startswith(b"data: "):
-                    continue
-                try:
-                    chunk = json.loads(line[6:])
-                except ValueError:
-                    out["outcome"] = "error"
-                    out["kind"] = "unreadable stream chunk"
-                    out["message"] = line[:300].decode("utf-8", "replace")
-                    return out
-                if "error" in chunk:
-                    err = chunk["error"] if isinstance(chunk["error"], dict) else {"message": str(chunk["error"])}
-                    out["outcome"] = "error"
-                    out["kind"] = "stream:" + str(err.get("type", "unknown"))
-                    out["message"] = str(err.get("message", ""))
-                    return out
-                prog = chunk.get("prompt_progress")
-                if prog:
-                    out["progress"] = prog
-                    done = prog.get("processed", 0)
-                    if cancel_in_prefill and 0 < done and prog.get("cache", 0) + done < prog.get("total", 0):
-                        out["outcome"] = "cancelled"
-                        out["cancelled_in"] = "prefill"
-                        self._drop(conn)
-                        return out
-                    continue
-                toks = chunk.get("tokens") or []
-                if toks and out["ttft_s"] is None:
-                    out["ttft_s"] = time.perf_counter() - t0
-                if not chunk.get("stop"):
-                    out["tokens"].extend(toks)
-                elif toks and len(toks) >= len(out["tokens"]) and toks[:len(out["tokens"])] == out["tokens"]:
-                    out["tokens"] = list(toks)  # a final chunk that repeats the whole answer
-                elif toks:
-                    out["tokens"].extend(toks)
-                if cancel_after_tokens is not None and len(out["tokens"]) >= cancel_after_tokens and not chunk.get("stop"):
-                    out["outcome"] = "cancelled"
-                    out["cancelled_in"] = "generation"
-                    self._drop(conn)
-                    return out
-                if chunk.get("stop"):
-                    t = chunk.get("timings") or {}
-                    out["outcome"] = "ok"
-                    out["cache_n"] = t.get("cache_n", chunk.get("tokens_cached"))
-                    out["prompt_n"] = t.get("prompt_n")
-                    out["prompt_ms"] = t.get("prompt_ms")
-                    out["predicted_n"] = t.get("predicted_n", chunk.get("tokens_predicted"))
-                    out["predicted_per_second"] = t.get("predicted_per_second")
-                    out["truncated"] = bool(chunk.get("truncated"))
-                    out["stop_type"] = chunk.get("stop_type")
-                    out["id_slot"] = chunk.get("id_slot")
-                    return out
-        except (OSError, http.client.HTTPException) as e:
-            out["outcome"] = "transport"
-            out["kind"] = f"transport:{type(e).__name__}"
-            out["message"] = str(e)
-            return out
-        finally:
-            out["wall_s"] = time.perf_counter() - t0
-            conn.close()
-
-    @staticmethod
-    def _drop(conn):
-        try:
-            conn.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        conn.close()
-
-    @staticmethod
-    def _error(status, raw):
-        try:
-            js = json.loads(raw)
-        except ValueError:
-            return {"outcome": "error", "kind": f"http{status}:unreadable", "message": raw[:300], "readable": False}
-        err = js.get("error", js) if isinstance(js, dict) else {}
-        if not isinstance(err, dict):
-            err = {"message": str(err)}
-        msg = str(err.get("message", ""))
-        return {"outcome": "error", "kind": f"http{status}:{err.get('type', 'unknown')}", "message": msg,
-                "readable": bool(msg)}
-
-
-# ----------------------------------------------------------------------------------------------
-# Corpus and workload
-
-
-def load_corpus(cli, texts, need, cache):
-    if cache and os.path.exists(cache):
-        with open(cache) as f:
-            toks = json.load(f)
-        if len(toks) >= need:
-            return toks
-    toks = []
-    piece = 100_000
-    for path in texts:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            text = f.read()
-        for i in range(0, len(text), piece):
-            status, js, raw = cli.json_call("POST", "/tokenize", {"content": text[i:i + piece]})
-            if status != 200:
-                raise SystemExit(f"/tokenize answered HTTP {status}: {raw[:200]}")
-            toks.extend(js["tokens"])
-            if len(toks) >= need:
-                break
-        if len(toks) >= need:
-            break
-    if len(toks) < need:
-        raise SystemExit(f"the corpora hold {len(toks)} tokens, the workload needs {need}")
-    if cache:
-        with open(cache, "w") as f:
-            json.dump(toks, f)
-    return toks
-
-
-def log_uniform(rng, lo, hi):
-    return int(round(math.exp(rng.uniform(math.log(lo), math.log(hi)))))
-
-
-def build_workload(short, n_requests, seed, n_ctx, ref_fraction):
-    """Units (lists of turns) with token lengths only; corpus regions are bound afterwards.
-    Turn: {"new": length of new text, "n_predict": N, "expect": ok | exceed | wall}."""
-    rng = random.Random(seed)
-    npred = lambda: rng.choice([8, 8, 16, 16] if short else [8, 8, 16, 16, 24, 32])
-
-    def single_len():
-        x = rng.random()
-        if short:
-            return log_uniform(rng, 16, 200) if x < 0.75 else log_uniform(rng, 200, 600)
-        if x < 0.8:
-            return log_uniform(rng, 16, 160)
-        return log_uniform(rng, 160, 800) if x < 0.98 else log_uniform(rng, 800, 2000)
-
-    def turn(new, n, expect="ok"):
-        return {"new": new, "n_predict": n, "expect": expect}
-
-    solo = [
-        {"kind": "solo_single", "turns": [turn(200, 16)]},
-        {"kind": "solo_chat", "turns": [turn(300, 16), turn(96, 16)]},   # saved/restored between turns
-    ]
-    special = [{"kind": "single", "turns": [turn(2200 if short else 2600, 16)]},  # > -b 2048: several decode calls
-               {"kind": "ctl_chat", "turns": [turn(300, 16), turn(64, 16)]}]
-    n_overflow, n_cancel_gen, n_cancel_prefill, n_chats = (2, 3, 1, 4) if short else (6, 15, 4, 40)
-    for _ in range(n_overflow):
-        special.append({"kind": "overflow", "turns": [turn(n_ctx + rng.choice([1, 64, 900]), 16, "exceed")]})
-    for _ in range(n_cancel_gen):
-        special.append({"kind": "cancel_gen", "turns": [turn(log_uniform(rng, 32, 400), 256)],
-                        "cancel_after_tokens": rng.choice([1, 2, 4])})
-    for _ in range(n_cancel_prefill):
-        special.append({"kind": "cancel_prefill", "turns": [turn(rng.randint(800, 1600) if short else rng.randint(1200, 2400), 16)]})
-    for _ in range(n_chats):
-        nt = rng.choice([2, 3] if short else [2, 3, 4])
-        turns = [turn(log_uniform(rng, 64, 400 if short else 600), npred())]
-        turns += [turn(log_uniform(rng, 32, 160 if short else 200), npred()) for _ in range(nt - 1)]
-        special.append({"kind": "chat", "turns": turns})
-    if not short:
-        special.append({"kind": "single", "turns": [turn(4000, 16)]})
-        # a conversation that runs into the end of its slot: ~6,000 tokens, then a turn whose
-        # prompt + n_predict passes the slot's context (truncated or refused), then one whose
-        # prompt alone does (refused).
-        special.append({"kind": "wall_chat", "turns": [turn(6000, 16), turn(n_ctx - 6000 - 16 - 24, 64, "wall"),
-                                                        turn(300, 16, "exceed")]})
-    count = lambda units: sum(len(u["turns"]) + (1 if u["kind"] == "cancel_prefill" else 0) for u in units)
-    units = list(special)
-    while count(units) < n_requests:
-        units.append({"kind": "single", "turns": [turn(single_len(), npred())]})
-    rng.shuffle(units)
-    # the controlled save/restore in the middle of the second part, not first nor last
-    ctl = next(u for u in units if u["kind"] == "ctl_chat")
-    units.remove(ctl)
-    units.insert(int(len(units) * 0.6), ctl)
-    rref = random.Random(seed + 1)
-    for i, u in enumerate(solo + units):
-        u["id"] = f"u{i:04d}"
-        if u["kind"] in ("solo_single", "solo_chat", "ctl_chat"):
-            u["ref"] = True
-        elif u["kind"] in ("overflow", "cancel_gen", "wall_chat"):
-            u["ref"] = False   # nothing to compare (cancel_gen: partial answers)
-        else:
-            u["ref"] = short or rref.random() < ref_fraction
-    return solo, units
-
-
-def bind_regions(solo, units, corpus):
-    """Gives every turn its own slice of the corpus; a unit's first token is unique across units
-    so that no two units share a prompt prefix (the server would otherwise reuse a slot's cache
-    for it, which is not what a fresh server does)."""
-    used_first = set()
-    cur = 0
-    for u in solo + units:
-        for k, t in enumerate(u["turns"]):
-            if k == 0:
-                while corpus[cur] in used_first:
-                    cur += 1
-                used_first.add(corpus[cur])
-            t["start"] = cur
-            cur += t["new"] + 7
-            if cur > len(corpus):
-                raise SystemExit("corpus too short for the workload")
-    # fillers (solo/ctl scenarios overwrite slot 0 with an unrelated prompt)
-    fillers = []
-    for _ in range(4):
-        while corpus[cur] in used_first:
-            cur += 1
-        used_first.add(corpus[cur])
-        fillers.append(corpus[cur:cur + 48])
-        cur += 55
-    return fillers
-
-
-def corpus_need(solo, units):
-    return sum(t["new"] + 7 for u in solo + units for t in u["turns"]) + 20_000
-
-
-def new_text(corpus, t):
-    return corpus[t["start"]:t["start"] + t["new"]]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -357,43 +77,6 @@ def pct(values, q):
         return None
     v = sorted(values)
     return v[min(len(v) - 1, max(0, int(math.ceil(q / 100.0 * len(v))) - 1))]
-
-
-def cpu_snapshot(pid):
-    """(busy jiffies of the whole machine, jiffies of the server process, of this driver, time)."""
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:]]
-    busy = sum(v) - v[3] - (v[4] if len(v) > 4 else 0)   # all but idle and iowait
-    srv = 0
-    if pid:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            srv = int(fields[11]) + int(fields[12])
-        except OSError:
-            pass
-    t = os.times()
-    return busy, srv, (t.user + t.system) * os.sysconf("SC_CLK_TCK"), time.monotonic()
-
-
-def cpu_share_of_others(a, b):
-    """Share of the machine's CPU time that neither the server nor this driver used between two
-    snapshots (other processes competing for the cores: timings are then not clean)."""
-    hz, ncpu = os.sysconf("SC_CLK_TCK"), os.cpu_count() or 1
-    total = (b[3] - a[3]) * hz * ncpu
-    others = (b[0] - a[0]) - (b[1] - a[1]) - (b[2] - a[2])
-    return max(0.0, others / total) if total > 0 else None
-
-
-def read_rss_kb(pid):
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
-    return None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -918,41 +601,6 @@ class Run:
                 json.dump(res, f, indent=1)
         print(json.dumps(res))
         return 1 if self.failures else 0
-
-
-class Reservation:
-    """While the controlled scenario owns slot 0, new requests of the other clients are pinned to
-    slots 1..n-1; the scenario starts once no unpinned request is in flight (the server could
-    otherwise hand slot 0 to one of them between the scenario's requests)."""
-
-    def __init__(self, n_slots):
-        self.n_slots = n_slots
-        self.cv = threading.Condition()
-        self.exclusive = False
-        self.unpinned = 0
-
-    def begin(self, worker):
-        with self.cv:
-            if self.exclusive:
-                return 1 + worker % (self.n_slots - 1)
-            self.unpinned += 1
-            return None
-
-    def end(self, slot):
-        with self.cv:
-            if slot is None:
-                self.unpinned -= 1
-                self.cv.notify_all()
-
-    def acquire_exclusive(self, timeout):
-        with self.cv:
-            self.exclusive = True
-            if not self.cv.wait_for(lambda: self.unpinned == 0, timeout):
-                raise TimeoutError("the other clients' requests did not drain for the save/restore scenario")
-
-    def release_exclusive(self):
-        with self.cv:
-            self.exclusive = False
 
 
 def main():
