@@ -27,7 +27,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -35,8 +34,8 @@
 #include "e8kv/error.hpp"
 #include "e8kv/llama_cpp/memory_state.hpp"
 #include "e8kv/llama_cpp/state_codec.hpp"
-#include "e8kv/numeric/half.hpp"
 #include "seed_corpus.hpp"
+#include "synthetic_state.hpp"
 
 namespace {
 
@@ -44,35 +43,9 @@ namespace lc = e8kv::llama_cpp;
 
 // A small f16 state: `cells` cells from position `first`, Gaussian K (with a bias) and V.
 lc::SeqState make_state(int layers, int heads, int dim, int cells, int first, bool v_trans, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> g(0.f, 1.f);
-  const size_t embd = static_cast<size_t>(heads * dim), n = static_cast<size_t>(cells);
-  lc::SeqState st;
-  st.streams.resize(1);
-  lc::SeqStateStream& S = st.streams[0];
-  for (int c = 0; c < cells; ++c) S.positions.push_back(first + c);
-  S.seq_ids.assign(n, 0);
-  S.v_trans = v_trans;
-  for (int l = 0; l < layers; ++l) {
-    lc::SeqStateLayer L;
-    L.k_type = L.v_type = lc::kGgmlF16;
-    L.k_row_bytes = embd * 2;
-    if (v_trans) {
-      L.v_element_bytes = 2;
-      L.v_embd = static_cast<uint32_t>(embd);
-    } else {
-      L.v_row_bytes = embd * 2;
-    }
-    L.keys.resize(n * embd * 2);
-    L.values.resize(n * embd * 2);
-    for (size_t i = 0; i < n * embd; ++i) {
-      const uint16_t k = e8kv::float_to_fp16_bits(1.5f + g(rng)), v = e8kv::float_to_fp16_bits(g(rng));
-      std::memcpy(&L.keys[2 * i], &k, 2);
-      std::memcpy(&L.values[2 * i], &v, 2);
-    }
-    S.layers.push_back(std::move(L));
-  }
-  return st;
+  lc::synthetic::Gaussian g(seed);
+  return lc::synthetic::make_f16_state(layers, heads, dim, lc::synthetic::positions(first, static_cast<size_t>(cells)),
+                                       v_trans, 1.5f, g);
 }
 
 e8kv::Config config(const std::string& spec, double theta) {

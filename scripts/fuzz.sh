@@ -26,7 +26,8 @@ command -v "$CXX" >/dev/null || { echo "fuzz.sh: $CXX not found (scripts/setup.s
 
 COMMON=(-std=c++17 -g -fno-omit-frame-pointer -ffp-contract=off -fno-sanitize-recover=all
         -I"$ROOT/include" -I"$ROOT/src" -I"$ROOT/tests" -I"$ROOT/fuzz"
-        -I"$ROOT/integrations/llama.cpp/include")
+        -I"$ROOT/integrations/llama.cpp/include"
+        -I"$ROOT/integrations/llama.cpp/tools")  # synthetic_state.hpp (llama_state_fuzz's seeds)
 # The code under test (the container) gets coverage instrumentation and -O1. The sources it only
 # calls into (codecs, cache, compressor: the other library sources) get the sanitizers at -O0:
 # with coverage at -O1, compressed_kv.cpp alone takes minutes to compile.

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <memory>
 #include <random>
@@ -275,6 +276,40 @@ class EngineOf : public ::testing::Test {
     return parse_seq_caches(st.data() + 8, st.size() - 8, model_kv_.caches.size());
   }
 
+  // Quantized presets restored into llama.cpp: a 160-token prefill with flash attention on (cases
+  // `fa_on`), then off (`fa_off`), its state compressed with each case's preset and the prefill's
+  // queries, restored into a fresh context; the mean next-token KL (nats) of the 32-token
+  // continuation against the uncompressed state's below the case's bound. A row is printed per
+  // case: `model`, then the spec padded to `width`. `cells`, where given, checks the cells of the
+  // restored state's first cache.
+  struct KlCase {
+    const char* spec;
+    double max_kl;
+  };
+  static void presets_within_kl(const char* model, int width, const std::vector<KlCase>& fa_on,
+                                const std::vector<KlCase>& fa_off,
+                                const std::function<void(const Compressors&, size_t)>& cells = nullptr) {
+    for (bool fa : {true, false}) {
+      Run r = prefill(fa, 160, 32);
+      const auto want = decode(r.ctx.get(), r.continuation, r.next);
+      const StateCompressOptions with_queries = r.with_queries();
+      for (const KlCase& cs : fa ? fa_on : fa_off) {
+        SCOPED_TRACE(std::string(cs.spec) + (fa ? ", flash attention on" : ", flash attention off"));
+        const Compressors c = compressor(cs.spec);
+        const auto packed = compress(r.state, c, with_queries);
+        const auto back = restore_seq_state(packed.data(), packed.size());
+        const size_t n_cells = caches_of(back)[0].streams[0].cells();
+        if (cells) cells(c, n_cells);
+        const auto got = continue_from(fa, back, r.continuation, r.next);
+        const double kl = mean_kl(want, got);
+        std::printf("%s%-*s FA %-3s  %zu -> %zu bytes (%.2fx), %zu cells  KL %.4f\n", model, width, cs.spec,
+                    fa ? "on" : "off", r.state.size(), packed.size(),
+                    static_cast<double>(r.state.size()) / packed.size(), n_cells, kl);
+        EXPECT_LT(kl, cs.max_kl);
+      }
+    }
+  }
+
   // llama.cpp with -ctk k -ctv v (in memory: the prefill and the continuation attend over that
   // cache) on the tokens of `f16`: the continuation's logits and the state's size.
   static std::vector<float> in_memory(ggml_type k, ggml_type v, const Run& f16, size_t prefill, size_t* state_bytes,
@@ -422,33 +457,17 @@ TEST_F(Engine, LosslessStatesComeBackByteForByteAndDecodeTheSame) {
 TEST_F(Engine, QuantizedPresetsRestoreAndDecodeWithinKlBounds) {
   // Bounds: mean next-token KL (nats) over 32 continuation tokens after a 160-token prefill,
   // measured 2026-12-02 (see docs/accuracy.md) with headroom: a regression, not noise, fails.
-  struct Case {
-    const char* spec;
-    double max_kl;
-  };
-  for (bool fa : {true, false}) {
-    Run r = prefill(fa, 160, 32);
-    const auto want = decode(r.ctx.get(), r.continuation, r.next);
-    const StateCompressOptions with_queries = r.with_queries();
-    // Flash attention off (V transposed) runs two presets: the layout is what it adds.
-    std::vector<Case> cases = {Case{"preset=quant-k3v2", 0.05}, Case{"preset=high,shared=1", 0.12}};
-    if (fa)
-      cases = {Case{"preset=quant-k4v4", 0.02},          Case{"preset=quant-k3v2", 0.05},
-               Case{"preset=quant-k2v2", 0.08},          Case{"preset=quant-k3v2,qweight=0", 0.05},
-               Case{"preset=high,shared=1", 0.12},       Case{"preset=lossless,evict=0.35,shared=1", 0.08}};
-    for (const Case& cs : cases) {
-      SCOPED_TRACE(std::string(cs.spec) + (fa ? ", flash attention on" : ", flash attention off"));
-      const auto packed = compress(r.state, compressor(cs.spec), with_queries);
-      const auto back = restore_seq_state(packed.data(), packed.size());
-      const auto cells = parse_seq_state(back.data() + 8, back.size() - 8).streams[0].cells();
-      EXPECT_EQ(cells, compressor(cs.spec).config().eviction_rate > 0 ? 160u - 56u : 160u);
-      const auto got = continue_from(fa, back, r.continuation, r.next);
-      const double kl = mean_kl(want, got);
-      std::printf("%-40s FA %-3s  %zu -> %zu bytes (%.2fx), %zu cells  KL %.4f\n", cs.spec, fa ? "on" : "off",
-                  r.state.size(), packed.size(), static_cast<double>(r.state.size()) / packed.size(), cells, kl);
-      EXPECT_LT(kl, cs.max_kl);
-    }
-  }
+  // Flash attention off (V transposed) runs two presets: the layout is what it adds.
+  presets_within_kl(
+      "", 40,
+      {{"preset=quant-k4v4", 0.02},
+       {"preset=quant-k3v2", 0.05},
+       {"preset=quant-k2v2", 0.08},
+       {"preset=quant-k3v2,qweight=0", 0.05},
+       {"preset=high,shared=1", 0.12},
+       {"preset=lossless,evict=0.35,shared=1", 0.08}},
+      {{"preset=quant-k3v2", 0.05}, {"preset=high,shared=1", 0.12}},
+      [](const Compressors& c, size_t cells) { EXPECT_EQ(cells, c.config().eviction_rate > 0 ? 160u - 56u : 160u); });
 }
 
 // llama.cpp's own quantized KV caches on the same tokens, for docs/accuracy.md: not the same
@@ -740,29 +759,12 @@ TEST_F(GemmaEngine, LosslessStatesComeBackByteForByteAndDecodeTheSame) {
 
 TEST_F(GemmaEngine, QuantizedPresetsRestoreAndDecodeWithinKlBounds) {
   // Bounds: measured 2026-12-02 (docs/accuracy.md) with headroom, as for SmolLM2.
-  struct Case {
-    const char* spec;
-    double max_kl;
-  };
-  for (bool fa : {true, false}) {
-    Run r = prefill(fa, 160, 32);
-    const auto want = decode(r.ctx.get(), r.continuation, r.next);
-    std::vector<Case> cases = {Case{"preset=quant-k3v2", 0.1}};
-    if (fa)
-      cases = {Case{"preset=quant-k4v4", 0.05}, Case{"preset=quant-k3v2", 0.1}, Case{"preset=quant-k2v2", 0.2},
-               Case{"preset=high,shared=1", 0.3}};
-    for (const Case& cs : cases) {
-      SCOPED_TRACE(std::string(cs.spec) + (fa ? ", flash attention on" : ", flash attention off"));
-      const auto packed = compress(r.state, compressor(cs.spec), r.with_queries());
-      const auto back = restore_seq_state(packed.data(), packed.size());
-      const auto cells = caches_of(back)[0].streams[0].cells();
-      const auto got = continue_from(fa, back, r.continuation, r.next);
-      const double kl = mean_kl(want, got);
-      std::printf("gemma3 %-34s FA %-3s  %zu -> %zu bytes (%.2fx), %zu cells  KL %.4f\n", cs.spec, fa ? "on" : "off",
-                  r.state.size(), packed.size(), static_cast<double>(r.state.size()) / packed.size(), cells, kl);
-      EXPECT_LT(kl, cs.max_kl);
-    }
-  }
+  presets_within_kl("gemma3 ", 34,
+                    {{"preset=quant-k4v4", 0.05},
+                     {"preset=quant-k3v2", 0.1},
+                     {"preset=quant-k2v2", 0.2},
+                     {"preset=high,shared=1", 0.3}},
+                    {{"preset=quant-k3v2", 0.1}});
 }
 
 // llama_state_seq_get_data_ext(..., LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) holds the sliding-window

@@ -5,13 +5,13 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <random>
 
 #include "e8kv/error.hpp"
 #include "e8kv/llama_cpp/seq_state.hpp"
 #include "e8kv/llama_cpp/state_codec.hpp"
 #include "e8kv/numeric/half.hpp"
 #include "fleet.hpp"
+#include "synthetic_state.hpp"
 
 namespace e8kv::llama_cpp::fleet {
 namespace {
@@ -28,42 +28,12 @@ Config config(const std::string& spec) {
 
 // A slot file of `tokens` whose f16 cells hold positions 0..n-1 in a shuffled order.
 std::vector<uint8_t> make_slot(const std::vector<int32_t>& tokens, uint32_t seed, bool v_trans) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> g(0.f, 1.f);
-  const size_t n = tokens.size(), embd = static_cast<size_t>(kShape.n_kv_heads * kShape.head_dim);
-  SeqState st;
-  st.streams.resize(1);
-  SeqStateStream& S = st.streams[0];
-  for (size_t i = 0; i < n; ++i) S.positions.push_back(static_cast<int32_t>(i));
-  std::shuffle(S.positions.begin(), S.positions.end(), rng);
-  S.seq_ids.assign(n, 0);
-  S.v_trans = v_trans;
-  for (int l = 0; l < kShape.n_layers; ++l) {
-    SeqStateLayer L;
-    L.k_type = L.v_type = kGgmlF16;
-    L.k_row_bytes = embd * 2;
-    if (v_trans) {
-      L.v_element_bytes = 2;
-      L.v_embd = static_cast<uint32_t>(embd);
-    } else {
-      L.v_row_bytes = embd * 2;
-    }
-    L.keys.resize(n * embd * 2);
-    L.values.resize(n * embd * 2);
-    for (size_t i = 0; i < n * embd; ++i) {
-      const uint16_t k = float_to_fp16_bits(0.5f + g(rng)), v = float_to_fp16_bits(g(rng));
-      std::memcpy(&L.keys[2 * i], &k, 2);
-      std::memcpy(&L.values[2 * i], &v, 2);
-    }
-    S.layers.push_back(std::move(L));
-  }
-  std::vector<uint8_t> file(12 + 4 * n);
-  const uint32_t head[3] = {kSeqFileMagic, kSeqFileVersion, static_cast<uint32_t>(n)};
-  std::memcpy(file.data(), head, 12);
-  std::memcpy(file.data() + 12, tokens.data(), 4 * n);
-  const auto state = write_seq_state(st);
-  file.insert(file.end(), state.begin(), state.end());
-  return file;
+  synthetic::Gaussian g(seed);
+  std::vector<int32_t> positions = synthetic::positions(0, tokens.size());
+  std::shuffle(positions.begin(), positions.end(), g.rng);
+  const SeqState st = synthetic::make_f16_state(kShape.n_layers, kShape.n_kv_heads, kShape.head_dim,
+                                                std::move(positions), v_trans, 0.5f, g);
+  return synthetic::slot_file(tokens, write_seq_state(st));
 }
 
 std::vector<int32_t> token_run(size_t n, int32_t first) {
@@ -76,13 +46,7 @@ std::vector<int32_t> token_run(size_t n, int32_t first) {
 // media count): read as bare tokens, every prefix key missed (found by scripts/llama-fleet.sh).
 TEST(FleetSlot, ServerPackedTokenListIsReadAsItsTokens) {
   const std::vector<int32_t> tokens = token_run(11, 7);
-  auto file_with = [](const std::vector<int32_t>& words) {
-    std::vector<uint8_t> f(12 + words.size() * 4);
-    const uint32_t head[3] = {kSeqFileMagic, kSeqFileVersion, static_cast<uint32_t>(words.size())};
-    std::memcpy(f.data(), head, 12);
-    std::memcpy(f.data() + 12, words.data(), words.size() * 4);
-    return f;
-  };
+  auto file_with = [](const std::vector<int32_t>& words) { return synthetic::slot_file(words, {}); };
   std::vector<int32_t> packed = {-1, 1, static_cast<int32_t>(tokens.size())};
   packed.insert(packed.end(), tokens.begin(), tokens.end());
   packed.push_back(0);  // no media chunks

@@ -15,7 +15,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <mutex>
@@ -27,9 +26,9 @@
 #include "e8kv/llama/gguf.hpp"
 #include "e8kv/llama_cpp/seq_state.hpp"
 #include "e8kv/llama_cpp/state_codec.hpp"
-#include "e8kv/numeric/half.hpp"
 #include "fleet.hpp"
 #include "model_kv.hpp"
+#include "synthetic_state.hpp"
 
 namespace {
 
@@ -55,40 +54,15 @@ std::vector<uint8_t> read_file(const std::string& path) {
 std::vector<uint8_t> synthetic_slot(const ModelKv& m, size_t n, uint32_t seed) {
   if (m.caches.size() != 1) throw Error("--synthetic: models with one KV cache only");
   const ModelShape& s = m.caches[0].shape;
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> g(0.f, 1.f);
-  const size_t embd = static_cast<size_t>(s.n_kv_heads * s.head_dim);
-  SeqState st;
-  st.streams.resize(1);
-  auto& S = st.streams[0];
-  for (size_t i = 0; i < n; ++i) S.positions.push_back(static_cast<int32_t>(i));
-  S.seq_ids.assign(n, 0);
-  std::vector<float> bias(embd);
-  for (auto& b : bias) b = 2.f * g(rng);
-  for (int l = 0; l < s.n_layers; ++l) {
-    SeqStateLayer L;
-    L.k_type = L.v_type = kGgmlF16;
-    L.k_row_bytes = L.v_row_bytes = embd * 2;
-    L.keys.resize(n * embd * 2);
-    L.values.resize(n * embd * 2);
-    for (size_t i = 0; i < n * embd; ++i) {
-      const uint16_t k = float_to_fp16_bits(bias[i % embd] + g(rng)), v = float_to_fp16_bits(g(rng));
-      std::memcpy(&L.keys[2 * i], &k, 2);
-      std::memcpy(&L.values[2 * i], &v, 2);
-    }
-    S.layers.push_back(std::move(L));
-  }
-  std::vector<uint8_t> f(12 + 4 * n);
-  const uint32_t head[3] = {kSeqFileMagic, kSeqFileVersion, static_cast<uint32_t>(n)};
-  std::memcpy(f.data(), head, 12);
+  synthetic::Gaussian g(seed);
+  std::vector<float> bias(static_cast<size_t>(s.n_kv_heads * s.head_dim));
+  for (auto& b : bias) b = 2.f * g();
+  const SeqState st =
+      synthetic::make_f16_state(s.n_layers, s.n_kv_heads, s.head_dim, synthetic::positions(0, n), false, bias, g);
+  std::vector<int32_t> tokens(n);
   std::mt19937 trng(seed * 7919u + 1);
-  for (size_t i = 0; i < n; ++i) {
-    const int32_t t = static_cast<int32_t>(trng() % 49000);
-    std::memcpy(f.data() + 12 + 4 * i, &t, 4);
-  }
-  const auto b = write_seq_state(st);
-  f.insert(f.end(), b.begin(), b.end());
-  return f;
+  for (auto& t : tokens) t = static_cast<int32_t>(trng() % 49000);
+  return synthetic::slot_file(tokens, write_seq_state(st));
 }
 
 struct Model {
