@@ -14,7 +14,8 @@
 #   bench/server_load.sh --wall [REPS (default 3)] [rows]
 #   --short                 short form (for CI, once llama-server is built there): 48 requests, prompts up to ~2,200 tokens, no RSS assertion
 #   (default)               long form: 500 requests (--requests N), prompts up to ~6,000 tokens and a
-#                           conversation that runs into the end of its slot; RSS growth <= 5 % asserted
+#                           conversation that runs into the end of its slot; growth <= 5 % asserted of RSS less
+#                           the host prompt cache (its size read from the server's log, -lv 4)
 #   --wall                  instead: one fresh server per row, a lone conversation run into the end of its
 #                           slot REPS times (6,000 tokens, a turn reusing them past the slot's context,
 #                           a turn longer than the slot), the same answers each time, RSS after each
@@ -83,7 +84,7 @@ SERVER_PID=""
 start_server() {
   local log="$1" slots="$2" gdb="$3"; shift 3
   local cmd=("$BIN/llama-server" -m "$MODEL" -c $((4 * SLOT_CTX)) -np 4 -b 2048 -ub 512 -fa on -t "$E8KV_JOBS"
-             --cache-ram "$CACHE_RAM" --slot-save-path "$slots/" --host 127.0.0.1 --port "$port" "$@")
+             --cache-ram "$CACHE_RAM" --slot-save-path "$slots/" --host 127.0.0.1 --port "$port" -lv 4 "$@")
   if [ "$gdb" = 1 ]; then
     gdb -q -batch -ex "set startup-with-shell off" -ex "set pagination off" -ex "handle SIGTERM nostop noprint pass" \
         -ex "handle SIGPIPE nostop noprint pass" -ex run -ex "thread apply all bt" \
@@ -117,7 +118,7 @@ if [ -n "$WALL" ]; then
     start_server "$OUT/server-$tag-wall.log" "$OUT/slots-$tag" "${E8KV_LOAD_GDB:-0}" "${kv[@]}" || { STATUS=1; continue; }
     echo "[server-load] $r"
     python3 "$DRIVER" --mode wall --reps "$WALL" --port "$port" --ref /dev/null --corpus-cache "$OUT/corpus.json" \
-      "${TEXT_ARGS[@]}" --pid "$SERVER_PID" --summary "$OUT/wall-$tag.json" || STATUS=1
+      "${TEXT_ARGS[@]}" --pid "$SERVER_PID" --server-log "$OUT/server-$tag-wall.log" --summary "$OUT/wall-$tag.json" || STATUS=1
     kill -0 "$SERVER_PID" 2>/dev/null || { echo "[server-load] $r: llama-server died" >&2; tail -40 "$OUT/server-$tag-wall.log" >&2; STATUS=1; }
     stop_server || true
   done
@@ -154,7 +155,8 @@ for r in $ROWS; do
         echo "$(date +%s) $(awk '/^VmRSS/ {print $2}' "/proc/$SERVER_PID/status" 2>/dev/null)"; sleep 1
       done ) > "$OUT/rss-$tag.log" &
     SAMPLER=$!
-    python3 "$DRIVER" --mode load "${common[@]}" --pid "$SERVER_PID" --summary "$OUT/summary-$tag.json" \
+    python3 "$DRIVER" --mode load "${common[@]}" --pid "$SERVER_PID" --server-log "$OUT/server-$tag-load.log" \
+      --summary "$OUT/summary-$tag.json" \
       --results "$OUT/results-$tag.jsonl" | tee "$OUT/driver-$tag.txt" || row_fail="load checks failed"
     if ! kill -0 "$SERVER_PID" 2>/dev/null; then
       row_fail="${row_fail:+$row_fail; }llama-server died"
@@ -189,7 +191,8 @@ errs = ", ".join(f"{k} {v}" for k, v in sorted(s.get("outcomes", {}).items()) if
 c = s.get("categories", {})
 ident = lambda name: f"{c[name]['identical']}/{c[name]['compared']}" if name in c else "-"
 load_ident = s.get("identical_under_load", {})
-rss = f"{f(s.get('rss_first_kb') and s['rss_first_kb'] / 1024)} -> {f(s.get('rss_last_kb') and s['rss_last_kb'] / 1024)} MiB ({f(s.get('rss_growth_pct'), '{:+.1f}')} %), peak {peak}"
+rss = (f"{f(s.get('rss_first_kb') and s['rss_first_kb'] / 1024)} -> {f(s.get('rss_last_kb') and s['rss_last_kb'] / 1024)} MiB "
+       f"({f(s.get('rss_growth_pct'), '{:+.1f}')} %; less the prompt cache {f(s.get('rss_less_prompt_cache_growth_pct'), '{:+.1f}')} %), peak {peak}")
 restart = "-" if not t else ("identical" if t.get("identical") else f"differs at {t.get('first_diff')}")
 print(f"| {row} | {s.get('answered_ok', '-')}/{s.get('requests', '-')} | {errs} | {rss} | "
       f"{f(s.get('ttft_ms_p50'))} / {f(s.get('ttft_ms_p99'))} | {f(s.get('tps_stream_p50'), '{:.1f}')} | "
