@@ -34,6 +34,7 @@
 #include "e8kv/cuda/device_info.cuh"
 #include "e8kv/cuda/paged_kv.cuh"
 #include "e8kv/numeric/half.hpp"
+#include "cuda/encode_params.hpp"
 
 namespace {
 using namespace e8kv;
@@ -70,6 +71,26 @@ struct Dev {
     if (p) cudaFree(p);
   }
   void upload(const std::vector<T>& h) { BENCH_CUDA(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice)); }
+};
+
+/// The T new tokens of one sequence as paged_encode takes them: positions 0..T-1, slot_of(t) the
+/// slot of token t, and token_seq 0 for all.
+struct SequenceTokens {
+  Dev<int32_t> pos, seq;
+  Dev<int64_t> slots;
+  template <class SlotOf>
+  SequenceTokens(int T, SlotOf slot_of)
+      : pos(static_cast<size_t>(T)), seq(static_cast<size_t>(T)), slots(static_cast<size_t>(T)) {
+    std::vector<int32_t> host_pos(static_cast<size_t>(T));
+    std::vector<int64_t> host_slots(static_cast<size_t>(T));
+    for (int t = 0; t < T; ++t) {
+      host_pos[static_cast<size_t>(t)] = t;
+      host_slots[static_cast<size_t>(t)] = slot_of(t);
+    }
+    pos.upload(host_pos);
+    slots.upload(host_slots);
+    BENCH_CUDA(cudaMemset(seq.p, 0, seq.n * sizeof(int32_t)));
+  }
 };
 
 /// Median milliseconds of individually timed calls of f(i) (i counts the calls, for buffer
@@ -215,18 +236,8 @@ void bench_encode() {
   Dev<uint16_t> k(host.size()), v(host.size()), copy(2 * host.size());
   k.upload(host);
   v.upload(host);
-  std::vector<int32_t> pos(static_cast<size_t>(T));
-  std::vector<int64_t> slots(static_cast<size_t>(T));
-  for (int t = 0; t < T; ++t) {
-    pos[static_cast<size_t>(t)] = t;
-    slots[static_cast<size_t>(t)] = t;
-  }
-  Dev<int32_t> dpos(pos.size()), dseq(pos.size());
-  Dev<int64_t> dslots(slots.size());
+  const SequenceTokens tokens(T, [](int t) { return static_cast<int64_t>(t); });
   Dev<uint16_t> means(static_cast<size_t>(H) * 2 * d);  // centring (CacheLayout::center), zeros
-  dpos.upload(pos);
-  dslots.upload(slots);
-  BENCH_CUDA(cudaMemset(dseq.p, 0, pos.size() * sizeof(int32_t)));
   BENCH_CUDA(cudaMemset(means.p, 0, means.n * sizeof(uint16_t)));
   const double copy_ms = time_ms([&](int) {
     BENCH_CUDA(cudaMemcpyAsync(copy.p, k.p, bytes, cudaMemcpyDeviceToDevice));
@@ -247,20 +258,8 @@ void bench_encode() {
     Tables tables(codecs);
     const PagedLayout L = paged_layout_for(codecs, 0, P);
     Dev<uint8_t> pool(static_cast<size_t>(T / P) * L.page_bytes);
-    cuda::EncodeParams p;
-    p.codec = tables.params;
-    p.layout = L;
-    p.pool = pool.p;
-    p.n_tokens = T;
-    p.keys = k.p;
-    p.values = v.p;
-    p.dtype = DType::kF16;
-    p.token_stride = H * d;
-    p.head_stride = d;
-    p.positions = dpos.p;
-    p.slot_mapping = dslots.p;
-    p.means = means.p;
-    p.token_seq = dseq.p;
+    cuda::EncodeParams p = gputest::nhd_encode_params(tables.params, L, pool.p, T, k.p, v.p, DType::kF16, tokens.pos.p,
+                                                      tokens.slots.p, means.p, tokens.seq.p);
     if (c.default_storage) {
       p.key_scales = key_scales.p;
       p.gain_refs = gain_refs.p;
@@ -433,31 +432,9 @@ void bench_memory() {
   Dev<uint16_t> k(host.size()), v(host.size());
   k.upload(host);
   v.upload(host);
-  std::vector<int32_t> pos(static_cast<size_t>(T));
-  std::vector<int64_t> slots(static_cast<size_t>(T));
-  for (int t = 0; t < T; ++t) {
-    pos[static_cast<size_t>(t)] = t;
-    slots[static_cast<size_t>(t)] = table.slot(0, t);
-  }
-  Dev<int32_t> dpos(pos.size()), dseq(pos.size());
-  Dev<int64_t> dslots(slots.size());
-  dpos.upload(pos);
-  dslots.upload(slots);
-  BENCH_CUDA(cudaMemset(dseq.p, 0, pos.size() * sizeof(int32_t)));
-  cuda::EncodeParams p;
-  p.codec = tables.params;
-  p.layout = L;
-  p.pool = pool.p;
-  p.n_tokens = T;
-  p.keys = k.p;
-  p.values = v.p;
-  p.dtype = DType::kF16;
-  p.token_stride = H * d;
-  p.head_stride = d;
-  p.positions = dpos.p;
-  p.slot_mapping = dslots.p;
-  p.means = means.p;
-  p.token_seq = dseq.p;
+  const SequenceTokens tokens(T, [&](int t) { return table.slot(0, t); });
+  const cuda::EncodeParams p = gputest::nhd_encode_params(tables.params, L, pool.p, T, k.p, v.p, DType::kF16,
+                                                          tokens.pos.p, tokens.slots.p, means.p, tokens.seq.p);
   BENCH_STATUS(cuda::paged_encode(p, nullptr));
   PagedLayer paged;
   paged.layout = L;

@@ -12,12 +12,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "e8kv/attention/attend.hpp"
+#include "cuda/encode_params.hpp"
 #include "cuda/gpu_test_main.hpp"
 #include "e8kv/cuda/split_plan.hpp"
 #include "cuda/paged_gpu_util.hpp"
@@ -206,6 +208,20 @@ double worst_row_error(const std::vector<float>& a, const std::vector<float>& b,
   return worst;
 }
 
+// The GPU attention of f32 queries q (f32 output) at each split size against the CPU's (layer 0):
+// the worst row error, reported to print(split, err), stays under kAttentionTolF32 (a failure
+// names `name` and the split).
+template <class Print>
+void expect_splits_match_cpu(const PagedSetup& s, const std::vector<float>& q, std::initializer_list<int> splits,
+                             const char* name, Print print) {
+  const auto ref = cpu_attention(s, 0, q);
+  for (int split : splits) {
+    const double err = worst_row_error(gpu_attention(s, q, DType::kF32, DType::kF32, split), ref, s.ref.shape.head_dim);
+    print(split, err);
+    EXPECT_LT(err, kAttentionTolF32) << name << " split " << split;
+  }
+}
+
 // Centring on (per-head fp16 means from the first mean_tokens unpinned tokens) unless `center`
 // is false; the first `sinks` = 4 tokens stay pinned in the fp16 window (the presets' defaults).
 Config config(const char* preset, int residual, int flush, bool pre_rope = true, bool center = true, int mean_tokens = 1) {
@@ -240,13 +256,10 @@ TEST(GpuDecodeAttention, RaggedBatchesWithTailsMatchTheCpuReference) {
       EXPECT_EQ(s.paged.table.coded_lens, (std::vector<int32_t>{0, 0, 1, 9, 17, 16, 65, 257, 996, 11}));
     }
     const auto q = random_queries(static_cast<int>(lengths.size()), shape, seed++, DType::kF32);
-    const auto ref = cpu_attention(s, 0, q);
-    for (int split : {0, 64, 256}) {
-      const auto got = gpu_attention(s, q, DType::kF32, DType::kF32, split);
-      const double err = worst_row_error(got, ref, shape.head_dim);
-      std::printf("%-10s residual %d center %d split %4d: worst row error %.2e\n", r.preset, r.residual, r.center, split, err);
-      EXPECT_LT(err, kAttentionTolF32) << r.preset << " split " << split;
-    }
+    expect_splits_match_cpu(s, q, {0, 64, 256}, r.preset, [&](int split, double err) {
+      std::printf("%-10s residual %d center %d split %4d: worst row error %.2e\n", r.preset, r.residual, r.center,
+                  split, err);
+    });
   }
 }
 
@@ -280,12 +293,9 @@ TEST(GpuDecodeAttention, DefaultConfigResidualKeys) {
     ASSERT_FALSE(s.paged.key_scales.empty()) << c.spec;
     ASSERT_EQ(s.paged.layout.key_gain_bytes, 1) << c.spec;
     const auto q = random_queries(static_cast<int>(lengths.size()), c.shape, seed++, DType::kF32);
-    const auto ref = cpu_attention(s, 0, q);
-    for (int split : {0, 64, 512}) {
-      const double err = worst_row_error(gpu_attention(s, q, DType::kF32, DType::kF32, split), ref, c.shape.head_dim);
+    expect_splits_match_cpu(s, q, {0, 64, 512}, c.spec, [&](int split, double err) {
       std::printf("%-48s split %3d: worst row error %.2e\n", c.spec, split, err);
-      EXPECT_LT(err, kAttentionTolF32) << c.spec << " split " << split;
-    }
+    });
   }
 }
 
@@ -395,20 +405,8 @@ TEST(GpuDecodeAttention, LongContext128K) {
     dslots.upload(slots);
     dseq.upload(std::vector<int32_t>(static_cast<size_t>(n), 0));
     dmeans.upload(paged.means);
-    cuda::EncodeParams p;
-    p.codec = tables.params;
-    p.layout = L;
-    p.pool = pool.get();
-    p.n_tokens = n;
-    p.keys = dk.get();
-    p.values = dv.get();
-    p.dtype = DType::kF16;
-    p.token_stride = H * d;
-    p.head_stride = d;
-    p.positions = dpos.get();
-    p.slot_mapping = dslots.get();
-    p.means = dmeans.get();
-    p.token_seq = dseq.get();
+    const cuda::EncodeParams p = nhd_encode_params(tables.params, L, pool.get(), n, dk.get(), dv.get(), DType::kF16,
+                                                   dpos.get(), dslots.get(), dmeans.get(), dseq.get());
     E8KV_STATUS_OK(cuda::paged_encode(p, nullptr));
     E8KV_CUDA_OK(cudaDeviceSynchronize());
     paged.pool = pool.download();
@@ -461,11 +459,23 @@ TEST(GpuDecodeAttention, CapturedInACudaGraphGivesTheSameOutput) {
   cudaStreamDestroy(stream);
 }
 
+// What the argument checks start from: a 20-token k2v2 cache (shape 1, 2, 8, 128) made with
+// `seed`, f32 query and output buffers, and the attention params over them.
+struct ArgumentCheck {
+  PagedSetup s;
+  DeviceBuffer<float> dq, dout;
+  cuda::DecodeAttentionParams p;
+
+  explicit ArgumentCheck(uint64_t seed)
+      : s(make_setup(ModelShape{1, 2, 8, 128}, config("quant-k2v2", 0, 1), {20}, seed, 0)),
+        dq(8 * 128),
+        dout(8 * 128),
+        p(attention_params(s, dq.get(), DType::kF32, dout.get(), DType::kF32, 0)) {}
+};
+
 TEST(GpuDecodeAttention, BadArgumentsFailLoudly) {
-  const ModelShape shape{1, 2, 8, 128};
-  const PagedSetup s = make_setup(shape, config("quant-k2v2", 0, 1), {20}, 9700, 0);
-  DeviceBuffer<float> dq(8 * 128), dout(8 * 128);
-  cuda::DecodeAttentionParams p = attention_params(s, dq.get(), DType::kF32, dout.get(), DType::kF32, 0);
+  const ArgumentCheck a(9700);
+  const cuda::DecodeAttentionParams& p = a.p;
   size_t ws_bytes = 0;
   E8KV_STATUS_OK(cuda::decode_attention_workspace_bytes(p, &ws_bytes));
   DeviceBuffer<uint8_t> ws(ws_bytes);
@@ -780,10 +790,9 @@ TEST(GpuCoverage, UnalignedBuffersUseTheScalarFallbacks) {
 }
 
 TEST(GpuCoverage, MisalignedPoolsAndWorkspacesAreRefused) {
-  const ModelShape shape{1, 2, 8, 128};
-  const PagedSetup s = make_setup(shape, config("quant-k2v2", 0, 1), {20}, 11100, 0);
-  DeviceBuffer<float> dq(8 * 128), dout(8 * 128);
-  cuda::DecodeAttentionParams p = attention_params(s, dq.get(), DType::kF32, dout.get(), DType::kF32, 0);
+  const ArgumentCheck a(11100);
+  const PagedSetup& s = a.s;
+  const cuda::DecodeAttentionParams& p = a.p;
   size_t ws_bytes = 0;
   E8KV_STATUS_OK(cuda::decode_attention_workspace_bytes(p, &ws_bytes));
   DeviceBuffer<uint8_t> ws(ws_bytes + 16);

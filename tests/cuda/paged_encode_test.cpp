@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "e8kv/quant/kv_vector_codec.hpp"
+#include "cuda/encode_params.hpp"
 #include "cuda/gpu_test_main.hpp"
 #include "cuda/paged_gpu_util.hpp"
 
@@ -205,19 +206,14 @@ void run_encode_case(const EncodeCase& c, bool adversarial, uint64_t seed, int i
   dseq.upload(token_seq);
   if (c.center) dmeans.upload(means);
   DeviceCodecTables tables(codecs, 0);
-  cuda::EncodeParams p;
-  p.codec = tables.params;
-  p.layout = L;
-  p.pool = pool.get();
-  p.n_tokens = n;
-  p.keys = dk.get() + static_cast<size_t>(input_offset) * dtype_size(c.dtype);
-  p.values = dv.get() + static_cast<size_t>(input_offset) * dtype_size(c.dtype);
-  p.dtype = c.dtype;
+  cuda::EncodeParams p = nhd_encode_params(
+      tables.params, L, pool.get(), n, dk.get() + static_cast<size_t>(input_offset) * dtype_size(c.dtype),
+      dv.get() + static_cast<size_t>(input_offset) * dtype_size(c.dtype), c.dtype, dpos.get(), dslots.get());
   p.n_pages = table.n_pages;
-  p.token_stride = c.hnd ? d : static_cast<int64_t>(H) * d;
-  p.head_stride = c.hnd ? static_cast<int64_t>(n) * d : d;
-  p.positions = dpos.get();
-  p.slot_mapping = dslots.get();
+  if (c.hnd) {
+    p.token_stride = d;
+    p.head_stride = static_cast<int64_t>(n) * d;
+  }
   if (c.center) {
     p.means = dmeans.get();
     p.token_seq = dseq.get();
@@ -331,20 +327,8 @@ TEST(GpuPagedEncode, F32AndBf16InputsGiveTheCodesOfCompress) {
       dseq.upload(token_seq);
       dslots.upload(slots);
       dmeans.upload(expect.means);
-      cuda::EncodeParams p;
-      p.codec = tables.params;
-      p.layout = L;
-      p.pool = pool.get();
-      p.n_tokens = n;
-      p.keys = dk.get();
-      p.values = dv.get();
-      p.dtype = dtype;
-      p.token_stride = H * d;
-      p.head_stride = d;
-      p.positions = dpos.get();
-      p.slot_mapping = dslots.get();
-      p.means = dmeans.get();
-      p.token_seq = dseq.get();
+      cuda::EncodeParams p = nhd_encode_params(tables.params, L, pool.get(), n, dk.get(), dv.get(), dtype, dpos.get(),
+                                               dslots.get(), dmeans.get(), dseq.get());
       p.n_pages = expect.table.n_pages;
       E8KV_STATUS_OK(cuda::paged_encode(p, nullptr));
       E8KV_CUDA_OK(cudaDeviceSynchronize());
@@ -386,18 +370,8 @@ TEST(GpuPagedEncode, SlotsOutsideThePoolAreFlaggedNotWritten) {
   slot.upload({0, 16, 1});  // the middle token points past a 1-page pool
   DeviceBuffer<uint32_t> status;
   status.upload({0u});
-  cuda::EncodeParams p;
-  p.codec = tables.params;
-  p.layout = L;
-  p.pool = pool.get();
-  p.n_tokens = 3;
-  p.keys = x.get();
-  p.values = x.get();
-  p.dtype = DType::kF16;
-  p.token_stride = 256;
-  p.head_stride = 128;
-  p.positions = pos.get();
-  p.slot_mapping = slot.get();
+  cuda::EncodeParams p =
+      nhd_encode_params(tables.params, L, pool.get(), 3, x.get(), x.get(), DType::kF16, pos.get(), slot.get());
   p.n_pages = 1;
   p.status = status.get();
   E8KV_STATUS_OK(cuda::paged_encode(p, nullptr));
@@ -420,18 +394,8 @@ TEST(GpuPagedEncode, UnsupportedCombinationsFailLoudly) {
   DeviceBuffer<int64_t> slot(1);
   pos.fill_bytes(0);
   slot.fill_bytes(0);
-  cuda::EncodeParams p;
-  p.codec = tables.params;
-  p.layout = L;
-  p.pool = pool.get();
-  p.n_tokens = 1;
-  p.keys = x.get();
-  p.values = x.get();
-  p.dtype = DType::kF16;
-  p.token_stride = 256;
-  p.head_stride = 128;
-  p.positions = pos.get();
-  p.slot_mapping = slot.get();
+  const cuda::EncodeParams p =
+      nhd_encode_params(tables.params, L, pool.get(), 1, x.get(), x.get(), DType::kF16, pos.get(), slot.get());
   EXPECT_EQ(cuda::paged_encode(p, nullptr), Status::kSuccess);
   cuda::EncodeParams q = p;
   q.codec.head_dim = 96;
