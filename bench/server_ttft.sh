@@ -7,6 +7,7 @@
 # --slot-save-path), medians printed.
 #
 #   bench/server_ttft.sh [PROMPT (default 16384)] [REPS (default 3)] [rows (default "f16 e8kv:preset=quant-k3v2 e8kv:preset=tier-k3v2")]
+#   E8KV_LLAMA_BIN=dir      llama-server's directory, used as it is (else scripts/build-llama-cpp.sh builds it)
 #   E8KV_LLAMA_MODEL=NAME   a model of scripts/fetch-model.sh (default gemma3: llama-server caps a slot's
 #                           context at the model's training context, SmolLM2's 8,192 is below the default prompt)
 # Loopback only; the servers are stopped on exit.
@@ -15,7 +16,12 @@ source "$(dirname "${BASH_SOURCE[0]}")/../scripts/env.sh"
 PROMPT="${1:-16384}"
 REPS="${2:-3}"
 ROWS="${3:-f16 e8kv:preset=quant-k3v2 e8kv:preset=tier-k3v2}"
-BIN="$(bash "$E8KV_ROOT/scripts/build-llama-cpp.sh" llama-server)"
+if [ -n "${E8KV_LLAMA_BIN:-}" ]; then  # a build of another commit (an A/B), used as it is
+  BIN="$E8KV_LLAMA_BIN"
+  export LD_LIBRARY_PATH="$BIN${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+else
+  BIN="$(bash "$E8KV_ROOT/scripts/build-llama-cpp.sh" llama-server)"
+fi
 MODEL="$(bash "$E8KV_ROOT/scripts/fetch-model.sh" "${E8KV_LLAMA_MODEL:-gemma3}")"
 TEXT_DIR="$(dirname "$(bash "$E8KV_ROOT/scripts/fetch-text.sh" | head -1)")"
 WORK="$(mktemp -d)"

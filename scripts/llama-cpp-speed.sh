@@ -10,6 +10,7 @@
 # bits line: the bits are in scripts/llama-cpp-kv-types.sh's tables.)
 #
 #   scripts/llama-cpp-speed.sh [depths (default "4096")] [rows] [threads (default "1 2")]
+#   E8KV_LLAMA_BIN=dir        llama-bench's directory, used as it is (else scripts/build-llama-cpp.sh builds it)
 #   E8KV_LLAMA_MODEL=gemma3   another model (scripts/fetch-model.sh names)
 #   E8KV_BENCH_REPS=2         llama-bench repetitions (-r)
 #   E8KV_BENCH_PP=512         prompt tokens of the pp test (0: tg only)
@@ -25,7 +26,12 @@ THREADS="${3:-1 2}"
 REPS="${E8KV_BENCH_REPS:-2}"
 N_PROMPT="${E8KV_BENCH_PP:-0}"
 N_GEN="${E8KV_BENCH_GEN:-16}"
-BIN="$(bash "$E8KV_ROOT/scripts/build-llama-cpp.sh" llama-bench)"
+if [ -n "${E8KV_LLAMA_BIN:-}" ]; then  # a build of another commit (an A/B), used as it is
+  BIN="$E8KV_LLAMA_BIN"
+  export LD_LIBRARY_PATH="$BIN${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+else
+  BIN="$(bash "$E8KV_ROOT/scripts/build-llama-cpp.sh" llama-bench)"
+fi
 MODEL_NAME="${E8KV_LLAMA_MODEL:-smollm2}"
 MODEL="$(bash "$E8KV_ROOT/scripts/fetch-model.sh" "$MODEL_NAME")"
 LOGS="$(dirname "$BIN")/bench-logs"
