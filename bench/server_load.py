@@ -172,13 +172,7 @@ class Run:
                     saved = cli.slot_action(SOLO_SLOT, "save", RESTART_FILE)
                     if saved.get("n_saved") != expect_n:
                         self.fail(f"solo save: n_saved {saved.get('n_saved')}, expected {expect_n}")
-                    cli.slot_action(SOLO_SLOT, "erase")
-                    filler = cli.complete(self.fillers[0], 8, id_slot=SOLO_SLOT)
-                    if filler["outcome"] != "ok":
-                        self.fail(f"solo filler request: {filler.get('kind')} {filler.get('message', '')}")
-                    restored = cli.slot_action(SOLO_SLOT, "restore", RESTART_FILE)
-                    if restored.get("n_restored") != saved.get("n_saved"):
-                        self.fail(f"solo restore: n_restored {restored.get('n_restored')} != n_saved {saved.get('n_saved')}")
+                    self.erase_overwrite_restore(cli, self.fillers[0], RESTART_FILE, saved, "solo")
                 r = cli.complete(self.prompt_for(u, k, answers), t["n_predict"], id_slot=SOLO_SLOT)
                 rec = {"unit": u["id"], "ukind": u["kind"], "turn": k, "phase": "solo", **r}
                 results.append(rec)
@@ -312,13 +306,7 @@ class Run:
                     self.fail(f"load save of slot 0: n_saved {saved.get('n_saved')}, expected {expect_n}")
                 r2u = serve(1, [a1], "turn2-uninterrupted")
                 recs.append(r2u)
-                cli.slot_action(SOLO_SLOT, "erase")
-                filler = cli.complete(self.fillers[1], 8, id_slot=SOLO_SLOT)
-                if filler["outcome"] != "ok":
-                    self.fail(f"load filler request: {filler.get('kind')} {filler.get('message', '')}")
-                restored = cli.slot_action(SOLO_SLOT, "restore", CTL_FILE)
-                if restored.get("n_restored") != saved.get("n_saved"):
-                    self.fail(f"load restore: n_restored {restored.get('n_restored')} != n_saved {saved.get('n_saved')}")
+                self.erase_overwrite_restore(cli, self.fillers[1], CTL_FILE, saved, "load")
                 r2r = serve(1, [a1], "turn2-after-restore")
                 recs.append(r2r)
                 if r2r["outcome"] == "ok" and r2r.get("cache_n") != expect_n:
@@ -338,6 +326,17 @@ class Run:
                 results.extend(recs)
         finally:
             reserve.release_exclusive()
+
+    def erase_overwrite_restore(self, cli, filler_text, slot_file, saved, label):
+        """Slot 0, saved to slot_file, is erased, overwritten by an unrelated prompt and restored;
+        the restore must bring back as many tokens as the save wrote."""
+        cli.slot_action(SOLO_SLOT, "erase")
+        filler = cli.complete(filler_text, 8, id_slot=SOLO_SLOT)
+        if filler["outcome"] != "ok":
+            self.fail(f"{label} filler request: {filler.get('kind')} {filler.get('message', '')}")
+        restored = cli.slot_action(SOLO_SLOT, "restore", slot_file)
+        if restored.get("n_restored") != saved.get("n_saved"):
+            self.fail(f"{label} restore: n_restored {restored.get('n_restored')} != n_saved {saved.get('n_saved')}")
 
     @staticmethod
     def compare(rec, ref, category):
