@@ -527,7 +527,8 @@ class Run:
               f"({f(s['rss_growth_pct'], '{:+.1f}')} %); the host prompt cache held "
               f"{f(s['prompt_cache_first_kb'] and s['prompt_cache_first_kb'] / 1024, '{:.1f}')} and "
               f"{f(s['prompt_cache_last_kb'] and s['prompt_cache_last_kb'] / 1024, '{:.1f}')} MiB of them; RSS less "
-              f"the prompt cache {f(s['rss_less_prompt_cache_growth_pct'], '{:+.1f}')} % (checked: <= 5 %)")
+              f"the prompt cache {f(s['rss_less_prompt_cache_growth_pct'], '{:+.1f}')} % "
+              f"({'not checked in the short form' if self.a.short else 'checked: <= 5 %'})")
         print("| answers compared with the reference | compared | identical | first differing token (min / median) |")
         print("|---|---|---|---|")
         for c, e in sorted(s["categories"].items()):

@@ -12,7 +12,7 @@
 #
 #   bench/server_load.sh [--short] [--requests N] [rows (default "f16 e8kv:preset=quant-k3v2 e8kv:preset=tier-k3v2")]
 #   bench/server_load.sh --wall [REPS (default 3)] [rows]
-#   --short                 short form (for CI, once llama-server is built there): 48 requests, prompts up to ~2,200 tokens, no RSS assertion
+#   --short                 short form (CI: ctest llama_server_load_test): 48 requests, prompts up to ~2,200 tokens, no RSS assertion
 #   (default)               long form: 500 requests (--requests N), prompts up to ~6,000 tokens and a
 #                           conversation that runs into the end of its slot; growth <= 5 % asserted of RSS less
 #                           the host prompt cache (its size read from the server's log, -lv 4)
