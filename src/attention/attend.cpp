@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -24,19 +25,21 @@ namespace attention {
 
 // ---- merge and finish ---------------------------------------------------------------------------
 
-void fold_wave(ResolvedRequest& r) {
+void begin_fold(ResolvedRequest& r) {
+  const LayerPlan& p = r.plan;
+  const size_t n = static_cast<size_t>(r.n_tokens) * p.H * p.G;
+  r.fold_max.assign(n, kNegInf);
+  r.fold_sum.assign(n, 0.0);
+  r.fold_mass.assign(n, 0.0);
+  r.fold_any_rot.assign(n, 0);
+  r.fold_rot.assign(n * static_cast<size_t>(p.d), 0.f);
+  r.fold_eng.assign(n * static_cast<size_t>(p.d), 0.f);
+}
+
+void fold_wave(ResolvedRequest& r, TokenRange tokens) {
   const LayerPlan& p = r.plan;
   const int H = p.H, G = p.G, d = p.d;
-  const size_t n = static_cast<size_t>(r.n_tokens) * H * G;
-  if (r.fold_max.size() != n) {
-    r.fold_max.assign(n, kNegInf);
-    r.fold_sum.assign(n, 0.0);
-    r.fold_mass.assign(n, 0.0);
-    r.fold_any_rot.assign(n, 0);
-    r.fold_rot.assign(n * static_cast<size_t>(d), 0.f);
-    r.fold_eng.assign(n * static_cast<size_t>(d), 0.f);
-  }
-  for (int token = 0; token < r.n_tokens; ++token)
+  for (int token = tokens.begin; token < tokens.end; ++token)
     for (int h = 0; h < H; ++h)
       for (int g = 0; g < G; ++g) {
         const size_t f = (static_cast<size_t>(token) * H + h) * G + g;
@@ -46,6 +49,7 @@ void fold_wave(ResolvedRequest& r) {
         float* acc_rot = r.fold_rot.data() + f * d;
         float* acc_eng = r.fold_eng.data() + f * d;
         for (int64_t c = r.wave_begin; c < r.wave_end; ++c) {
+          if (!r.scheduled[static_cast<size_t>(c - r.wave_begin) * H + static_cast<size_t>(h)]) continue;
           const float* st = r.state(c, token, h, g);
           if (!(st[1] > 0.f)) continue;
           const Segment seg = segment_of(p, c);
@@ -68,10 +72,9 @@ void fold_wave(ResolvedRequest& r) {
       }
 }
 
-void finish_request(ResolvedRequest& r) {
+void finish_request(ResolvedRequest& r, TokenRange tokens) {
   const LayerPlan& p = r.plan;
   const int H = p.H, G = p.G, d = p.d;
-  if (r.fold_max.empty()) fold_wave(r);  // no chunk ran: an empty fold
   const auto& codecs = p.cache->codecs();
   const auto& ld = p.cache->layer(p.layer);
   std::vector<float> rotated_back(static_cast<size_t>(d)), value_mean(static_cast<size_t>(d));
@@ -79,7 +82,7 @@ void finish_request(ResolvedRequest& r) {
     const auto& hd = ld.heads[static_cast<size_t>(h)];
     const bool value_mean_used = !hd.value_mean.empty();
     if (value_mean_used) fp16_bits_to_floats(hd.value_mean.data(), value_mean.data(), value_mean.size());
-    for (int token = 0; token < r.n_tokens; ++token)
+    for (int token = tokens.begin; token < tokens.end; ++token)
       for (int g = 0; g < G; ++g) {
         const size_t f = (static_cast<size_t>(token) * H + h) * G + g;
         const float M = r.fold_max[f];
@@ -215,11 +218,40 @@ void attend_batch(const std::vector<AttendRequest>& requests, const AttendOption
     resolve_bounds(a, r);
     const size_t per_token = static_cast<size_t>(p.L->n_q_heads) * p.d;
     check_query(a.q, per_token * static_cast<size_t>(a.n_tokens), p.L->n_q_heads, p.d);
-    r.heads.reserve(static_cast<size_t>(a.n_tokens) * p.H);
-    for (int t = 0; t < a.n_tokens; ++t)
-      for (int h = 0; h < p.H; ++h)
-        r.heads.push_back(attention::prepare_head_query(p, h, a.q + t * per_token + static_cast<size_t>(h) * p.G * p.d));
+    r.heads.resize(static_cast<size_t>(a.n_tokens) * p.H);
+    attention::begin_fold(r);
   }
+  const int64_t threads = options.executor ? std::max(1, options.executor->concurrency()) : 1;
+  // Work that is per query token (its queries rotated, its fold, its output) runs on every
+  // thread: each request's tokens cut into parts, about two per thread over the call. A token's
+  // results do not depend on the cut.
+  struct TokenPart {
+    size_t request;
+    attention::TokenRange tokens;
+  };
+  std::vector<TokenPart> token_parts;
+  {
+    int64_t all_tokens = 0;
+    for (const ResolvedRequest& r : resolved) all_tokens += r.n_tokens;
+    const int64_t per_part = std::max<int64_t>(1, attention::ceil_div(all_tokens, 2 * threads));
+    for (size_t i = 0; i < resolved.size(); ++i)
+      for (int t = 0; t < resolved[i].n_tokens; t += static_cast<int>(per_part))
+        token_parts.push_back({i, {t, static_cast<int>(std::min<int64_t>(t + per_part, resolved[i].n_tokens))}});
+  }
+  auto for_token_parts = [&](const std::function<void(ResolvedRequest&, attention::TokenRange)>& fn) {
+    run_tasks(options.executor, static_cast<int64_t>(token_parts.size()), [&](int64_t k) {
+      const TokenPart& part = token_parts[static_cast<size_t>(k)];
+      fn(resolved[part.request], part.tokens);
+    });
+  };
+  for_token_parts([&](ResolvedRequest& r, attention::TokenRange tokens) {
+    const attention::LayerPlan& p = r.plan;
+    const size_t per_token = static_cast<size_t>(p.L->n_q_heads) * p.d;
+    for (int t = tokens.begin; t < tokens.end; ++t)
+      for (int h = 0; h < p.H; ++h)
+        r.heads[static_cast<size_t>(t) * p.H + static_cast<size_t>(h)] =
+            attention::prepare_head_query(p, h, r.q + t * per_token + static_cast<size_t>(h) * p.G * p.d);
+  });
   // Chunks run in waves of `wave` chunks: each request holds the states of one wave (bounded by
   // AttendOptions::max_state_bytes), folded into its running merge in chunk order after the wave.
   // A wave keeps every thread busy (at least two chunks per thread); a call whose states fit runs
@@ -232,7 +264,6 @@ void attend_batch(const std::vector<AttendRequest>& requests, const AttendOption
     bytes_per_chunk += static_cast<size_t>(r.n_tokens) * p.H * p.G * attention::state_floats(p.d) * sizeof(float);
   }
   const size_t budget = options.max_state_bytes ? options.max_state_bytes : kDefaultStateBytes;
-  const int64_t threads = options.executor ? std::max(1, options.executor->concurrency()) : 1;
   const int64_t fits = static_cast<int64_t>(budget / std::max<size_t>(bytes_per_chunk, 1));
   const int64_t wave = std::max<int64_t>(1, std::max(fits, options.max_state_bytes ? 1 : 2 * threads));
   // One Scratch per concurrently running item: a pool indexed by a slot taken under a lock.
@@ -252,10 +283,10 @@ void attend_batch(const std::vector<AttendRequest>& requests, const AttendOption
       const attention::LayerPlan& p = r.plan;
       r.wave_begin = std::min(begin, r.chunks());
       r.wave_end = std::min(begin + wave, r.chunks());
-      // Zeros: an item that does not run (nothing in bounds) leaves empty states, which the merge skips.
-      r.states.assign(static_cast<size_t>(r.wave_end - r.wave_begin) * r.n_tokens * p.H * p.G *
-                          attention::state_floats(p.d),
-                      0.f);
+      // Not cleared: the fold reads only the states a work item wrote (`scheduled`, below).
+      r.states.resize(static_cast<size_t>(r.wave_end - r.wave_begin) * r.n_tokens * p.H * p.G *
+                      attention::state_floats(p.d));
+      r.scheduled.assign(static_cast<size_t>(r.wave_end - r.wave_begin) * p.H, 0);
       // Per KV head when several query tokens share the chunk (their scores dwarf the cos/sin rows
       // each item computes once) and threads wait for work: the cut never changes a result.
       const bool per_head = r.n_tokens >= kTokensPerHeadItem && threads > 1;
@@ -282,6 +313,11 @@ void attend_batch(const std::vector<AttendRequest>& requests, const AttendOption
       }
       items.swap(cut);
     }
+    for (const Item& item : items) {
+      ResolvedRequest& r = resolved[item.request];
+      for (int h = item.heads.begin; h < item.heads.end; ++h)
+        r.scheduled[static_cast<size_t>(item.chunk - r.wave_begin) * r.plan.H + static_cast<size_t>(h)] = 1;
+    }
     run_tasks(options.executor, static_cast<int64_t>(items.size()), [&](int64_t k) {
       std::unique_ptr<Scratch> s;
       {
@@ -297,13 +333,11 @@ void attend_batch(const std::vector<AttendRequest>& requests, const AttendOption
       std::lock_guard<std::mutex> lock(slots_mutex);
       free_slots.push_back(std::move(s));
     });
-    // Requests fold independently (each its own states, in chunk order): in parallel.
-    run_tasks(options.executor, static_cast<int64_t>(resolved.size()),
-              [&](int64_t i) { attention::fold_wave(resolved[static_cast<size_t>(i)]); });
+    // Every token folds its own states, in chunk order.
+    for_token_parts([](ResolvedRequest& r, attention::TokenRange tokens) { attention::fold_wave(r, tokens); });
   }
   for (ResolvedRequest& r : resolved) std::vector<float>().swap(r.states);
-  run_tasks(options.executor, static_cast<int64_t>(resolved.size()),
-            [&](int64_t i) { attention::finish_request(resolved[static_cast<size_t>(i)]); });
+  for_token_parts([](ResolvedRequest& r, attention::TokenRange tokens) { attention::finish_request(r, tokens); });
 }
 
 void attend(const CompressedKV& cache, int layer, const float* q, float* out, float* lse, const AttendOptions& options) {

@@ -132,6 +132,10 @@ struct ResolvedRequest {
   // (chunks x tokens x query heads x (d + 3) floats: 40 MB for a 512-token ubatch at 16K depth).
   std::vector<float> states;     // [chunk - wave_begin][token][head][g][state_floats]
   int64_t wave_begin = 0, wave_end = 0;
+  // Per [chunk - wave_begin][head]: 1 when a work item writes that chunk's states for the head
+  // (all its tokens' or a part's; parts cover every token), 0 when none runs: the fold skips
+  // those, so the states are never cleared.
+  std::vector<uint8_t> scheduled;
   // The chunks merged so far, per (token, head, g), in chunk order: the running maximum, sum and
   // value-mean mass, the value sums (rotated basis and engine basis) and whether any was rotated.
   std::vector<float> fold_max, fold_rot, fold_eng;
@@ -194,10 +198,13 @@ bool chunk_out_of_bounds(const ResolvedRequest& r, int64_t chunk, HeadRange head
 /// One work item: chunk `chunk` of request r for the KV heads of `heads` (their query heads) and
 /// the query tokens of `tokens`, into r's states.
 void run_chunk(ResolvedRequest& r, int64_t chunk, HeadRange heads, TokenRange tokens, Scratch& s);
-/// Merges the states of r's running wave into its fold, in chunk order (the first call sizes the
-/// fold). Folding wave after wave adds the same terms in the same order as one fold of every chunk.
-void fold_wave(ResolvedRequest& r);
-/// r's fold, every chunk merged, into out and lse.
-void finish_request(ResolvedRequest& r);
+/// Sizes r's fold: nothing merged yet.
+void begin_fold(ResolvedRequest& r);
+/// Merges the states of r's running wave into its fold, in chunk order, for the query tokens of
+/// `tokens` (each token's fold is its own: any cut of the tokens gives the same bits). Folding wave
+/// after wave adds the same terms in the same order as one fold of every chunk.
+void fold_wave(ResolvedRequest& r, TokenRange tokens);
+/// r's fold, every chunk merged, into out and lse, for the query tokens of `tokens`.
+void finish_request(ResolvedRequest& r, TokenRange tokens);
 
 }  // namespace e8kv::attention
