@@ -283,7 +283,7 @@ void attend_batch(const std::vector<AttendRequest>& requests, const AttendOption
       const attention::LayerPlan& p = r.plan;
       r.wave_begin = std::min(begin, r.chunks());
       r.wave_end = std::min(begin + wave, r.chunks());
-      // Not cleared: the fold reads only the states a work item wrote (`scheduled`, below).
+      // Not cleared between waves: the fold reads only the states a work item wrote (`scheduled`).
       r.states.resize(static_cast<size_t>(r.wave_end - r.wave_begin) * r.n_tokens * p.H * p.G *
                       attention::state_floats(p.d));
       r.scheduled.assign(static_cast<size_t>(r.wave_end - r.wave_begin) * p.H, 0);

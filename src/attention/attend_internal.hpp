@@ -134,7 +134,7 @@ struct ResolvedRequest {
   int64_t wave_begin = 0, wave_end = 0;
   // Per [chunk - wave_begin][head]: 1 when a work item writes that chunk's states for the head
   // (all its tokens' or a part's; parts cover every token), 0 when none runs: the fold skips
-  // those, so the states are never cleared.
+  // those, so a wave need not clear the states the previous one left.
   std::vector<uint8_t> scheduled;
   // The chunks merged so far, per (token, head, g), in chunk order: the running maximum, sum and
   // value-mean mass, the value sums (rotated basis and engine basis) and whether any was rotated.
